@@ -1,0 +1,56 @@
+"""oracle-build sessions. Each is a thin wrapper: `nox -s X -- ARGS` runs
+`python -m oracle_build X ARGS`, so everything here can be done without nox.
+
+`nox` with no arguments runs the main job on the embedded default: build the
+CPU oracle (or re-check its identity), then verify the bundled golden.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["build_oracle"]
+
+PYTHON = "3.11"
+
+
+def _cli(session: nox.Session, *args: str) -> None:
+    session.install("-e", ".")
+    session.run("python", "-m", "oracle_build", *args, *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def build_oracle(session: nox.Session) -> None:
+    """Build the pinned oracle venv for this host and print ORACLE_IDENTITY_OK
+    (`-- --pin P --target T --dry-run --rebuild --mirror M --externals D`)."""
+    _cli(session, "build")
+
+
+@nox.session(python=PYTHON)
+def identity(session: nox.Session) -> None:
+    """Re-check the built oracle's identity against its pin."""
+    _cli(session, "identity")
+
+
+@nox.session(python=PYTHON)
+def lock(session: nox.Session) -> None:
+    """Regenerate a pin's hash-locked dependency list (`-- --pin pins/cpu.toml`)."""
+    _cli(session, "lock")
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """Run the test suite, slow tests (real venvs, real vLLM engine) included
+    (`-- -m "not slow"` for the fast ones only)."""
+    session.install("-e", ".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff and mypy --strict over the package."""
+    session.install("-e", ".[dev]")
+    session.run("ruff", "check", "oracle_build", "tests", "noxfile.py")
+    session.run("mypy")

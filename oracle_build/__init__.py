@@ -1,0 +1,3 @@
+"""oracle-build: the pinned vLLM oracle as a recipe."""
+
+__version__ = "0.1.0"

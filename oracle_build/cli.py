@@ -1,0 +1,252 @@
+"""Command line: ``python -m oracle_build <command>`` (also the ``oracle-build`` script).
+
+The only place that catches errors: each failure kind maps to its exit code
+(see errors.py and the README). Results go to stdout; progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from oracle_build import __version__
+from oracle_build.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    OracleBuildError,
+    OracleMissing,
+    PreflightFailed,
+)
+from oracle_build.log import say
+
+EXIT_CODES_HELP = """exit codes:
+  0  success (ORACLE_IDENTITY_OK / verify passed)
+  1  token drift (verify)
+  2  bad input: a pin, spec, golden or candidate file is invalid (file and field named)
+  3  oracle identity mismatch (ORACLE_IDENTITY_OK is never printed then)
+  4  configuration difference (verify)
+  5  a build or install command failed (tail and log path shown)
+  6  preflight: this host does not fit (target, disk, memory, Python, CUDA)
+  7  no oracle built for this pin yet
+  8  refused: would overwrite a golden, lock held with --no-wait, legs disagree
+  9  source: shallow clone, dirty tree, wrong commit, unsafe git transport
+  10 a pin value the step needs is recorded as unestablished
+  11 verify: a golden's target is not this host (its records are still checked)
+  130 interrupted
+"""
+
+PINS_DIR = Path("pins")
+
+
+def _find_default_pin() -> Path:
+    """The pin under ./pins that has a target for this host (GPU pins first)."""
+    from oracle_build.pins import load_pin
+    from oracle_build.targets import detect_host, fits
+
+    env = os.environ.get("ORACLE_BUILD_PIN")
+    if env:
+        return Path(env)
+    if not PINS_DIR.is_dir():
+        raise PreflightFailed("no --pin given and no ./pins folder",
+                              hint="run from the repository, or pass --pin FILE")
+    host = detect_host()
+    candidates: list[tuple[int, Path]] = []
+    for path in sorted(PINS_DIR.glob("*.toml")):
+        pin = load_pin(path)
+        for target in pin.model.targets.values():
+            if fits(target, host)[0]:
+                candidates.append((0 if target.device != "cpu" else 1, path))
+                break
+    if not candidates:
+        raise PreflightFailed(f"no pin under {PINS_DIR}/ has a target for this host",
+                              hint="pass --pin FILE")
+    candidates.sort()
+    return candidates[0][1]
+
+
+def _pin_and_target(args: argparse.Namespace, *, plan_only: bool = False) -> tuple[object, str]:
+    from oracle_build.pins import load_pin
+    from oracle_build.targets import choose_target, detect_host
+
+    pin_path = Path(args.pin) if args.pin else _find_default_pin()
+    pin = load_pin(pin_path)
+    if plan_only:
+        if args.target:
+            pin.target(args.target)
+            return pin, args.target
+        return pin, choose_target(pin, detect_host()) if len(pin.model.targets) != 1 \
+            else next(iter(pin.model.targets))
+    return pin, choose_target(pin, detect_host(), args.target)
+
+
+def _homes(args: argparse.Namespace) -> tuple[Path, Path]:
+    from oracle_build.build import default_home, default_wheelhouse
+
+    home = Path(args.home).expanduser().resolve() if args.home else default_home()
+    wheelhouse = (Path(args.wheelhouse).expanduser().resolve() if args.wheelhouse
+                  else default_wheelhouse(home))
+    return home, wheelhouse
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from oracle_build import build
+    from oracle_build.pins import Pin
+
+    pin, target = _pin_and_target(args, plan_only=args.dry_run)
+    assert isinstance(pin, Pin)
+    home, wheelhouse = _homes(args)
+    mirror = args.mirror or os.environ.get("ORACLE_BUILD_VLLM_MIRROR")
+    externals = args.externals or os.environ.get("ORACLE_BUILD_EXTERNALS")
+    ext_dir = Path(externals).resolve() if externals else None
+    if args.dry_run:
+        p = build.plan(pin, target, home=home, wheelhouse_root=wheelhouse, mirror=mirror,
+                       externals_dir=ext_dir)
+        if args.json:
+            print(json.dumps({"resolved": p.resolved(), "steps": [
+                {"name": s.name, "about": s.about, "blocked_by": s.blocked_by,
+                 "commands": [{"argv": c.argv, "env": c.env, "unset": list(c.unset),
+                               "cwd": c.cwd} for c in s.commands]} for s in p.steps]},
+                indent=2))
+        else:
+            print(p.render())
+        return EXIT_OK
+    outcome = build.build_oracle(pin, target, home=home, wheelhouse_root=wheelhouse,
+                                 mirror=mirror, externals_dir=ext_dir, rebuild=args.rebuild,
+                                 wait=not args.no_wait)
+    _print_identity(outcome.identity, args.json)
+    if not outcome.built:
+        say(f"identity re-checked in {outcome.seconds:.1f}s (nothing rebuilt)")
+    return EXIT_OK
+
+
+def _print_identity(ident: object, as_json: bool) -> None:
+    from oracle_build.identity import Identity
+
+    assert isinstance(ident, Identity)
+    if as_json:
+        print(json.dumps(ident.summary(), indent=2))
+    else:
+        print(ident.block())
+
+
+def cmd_identity(args: argparse.Namespace) -> int:
+    from oracle_build import build, identity
+    from oracle_build.errors import IdentityMismatch
+    from oracle_build.pins import Pin
+
+    pin, target = _pin_and_target(args)
+    assert isinstance(pin, Pin)
+    home, _ = _homes(args)
+    venv = Path(args.venv) if args.venv else build.oracle_path(home, pin)
+    if not (venv.exists() or venv.is_symlink()):
+        raise OracleMissing(f"no oracle for pin {pin.id} at {venv}",
+                            hint="run `nox -s build_oracle` first")
+    ident = identity.check(pin, pin.target(target), venv)
+    _print_identity(ident, args.json)
+    if not ident.ok:
+        raise IdentityMismatch(ident.mismatches, where=str(venv))
+    return EXIT_OK
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    from oracle_build.lock import generate_lock
+
+    generate_lock(Path(args.pin))
+    return EXIT_OK
+
+
+def cmd_externals(args: argparse.Namespace) -> int:
+    from oracle_build.source import scan_externals
+
+    for ext in scan_externals(Path(args.checkout)):
+        print("[[externals]]")
+        print(f'name = "{ext["name"]}"')
+        print(f'repository = "{ext["repository"]}"')
+        print('src_dir_var = "?"  # the *_SRC_DIR variable named in that cmake file')
+        print(f'commit = "{ext["commit"]}"')
+        print(f'source = "{ext["source"]}"\n')
+    return EXIT_OK
+
+
+def _add_pin_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pin", help="pin file (default: the pin under ./pins with a target for "
+                   "this host; env ORACLE_BUILD_PIN)")
+    p.add_argument("--target", help="target name in the pin (default: detected from the host)")
+    p.add_argument("--home", help="where oracle venvs live (env ORACLE_BUILD_HOME, default "
+                   "~/.cache/oracle-build)")
+    p.add_argument("--wheelhouse", help="wheel store keyed by pin hash; put it on storage that "
+                   "survives a reimage (env ORACLE_BUILD_WHEELHOUSE, default HOME/wheelhouse)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="oracle-build",
+        description="Rebuild a pinned vLLM oracle from its pin, prove its identity, capture "
+        "and verify goldens.",
+        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    top.add_argument("--version", action="version", version=f"oracle-build {__version__}")
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    b = sub.add_parser(
+        "build", help="build the pinned oracle venv and assert its identity",
+        description="Build the pin's oracle into an isolated venv for this host's target, in "
+        "a staging folder, and move it into place only after its identity passes. With the "
+        "venv already in place: re-check identity (seconds).",
+        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_pin_args(b)
+    b.add_argument("--mirror", help="git source for vLLM instead of the pin's URL: a local "
+                   "mirror/clone folder or a .bundle file (env ORACLE_BUILD_VLLM_MIRROR)")
+    b.add_argument("--externals", help="folder holding a local git mirror of each CMake "
+                   "external, named as in the pin (env ORACLE_BUILD_EXTERNALS)")
+    b.add_argument("--rebuild", action="store_true",
+                   help="replace the oracle even if one is in place (e.g. after drift)")
+    b.add_argument("--dry-run", action="store_true",
+                   help="print every step, command and environment variable; run nothing")
+    b.add_argument("--no-wait", action="store_true",
+                   help="if another build of this pin holds the lock, fail instead of waiting")
+    b.set_defaults(func=cmd_build)
+
+    i = sub.add_parser("identity", help="check an oracle's identity against its pin",
+                       epilog=EXIT_CODES_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_pin_args(i)
+    i.add_argument("--venv", help="check this venv instead of the pin's built one")
+    i.set_defaults(func=cmd_identity)
+
+    lk = sub.add_parser("lock", help="regenerate a pin's hash-locked dependency list")
+    lk.add_argument("--pin", required=True)
+    lk.set_defaults(func=cmd_lock)
+
+    ex = sub.add_parser("externals", help="print the CMake externals a vLLM checkout declares, "
+                        "as pin TOML, to fill a pin's [[externals]]")
+    ex.add_argument("--checkout", required=True, help="a vLLM checkout at the pinned commit")
+    ex.set_defaults(func=cmd_externals)
+
+    for register in _extra_commands:
+        register(sub)
+    return top
+
+
+_extra_commands: list[Callable[[argparse._SubParsersAction], None]] = []  # type: ignore[type-arg]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+        return code
+    except OracleBuildError as exc:
+        say(exc.render())
+        return exc.exit_code
+    except KeyboardInterrupt:
+        say("oracle-build: interrupted")
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

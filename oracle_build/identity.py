@@ -1,0 +1,246 @@
+"""Identity: is the venv at this path provably the pin's oracle?
+
+The facts are gathered by ``inside/probe.py`` run by the oracle's own python
+in isolated mode (-I: no PYTHONPATH, no user site, no script dir on sys.path)
+from a fresh empty working directory. The comparison with the pin lives here.
+``ORACLE_IDENTITY_OK`` is printed only when the list of mismatches is empty.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name
+
+from oracle_build.errors import BuildFailed, IdentityMismatch, OracleMissing
+from oracle_build.pins import GitSource, Pin, Target
+
+PROBE = Path(__file__).parent / "inside" / "probe.py"
+OK_LINE = "ORACLE_IDENTITY_OK"
+
+# Environment a probe or driver never inherits: it would change what gets imported or built.
+SCRUBBED_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP",
+                "PYTHONNOUSERSITE", "VLLM_USE_PRECOMPILED", "VIRTUAL_ENV", "PYTHONSAFEPATH")
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def oracle_env(target: Target | None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+    if target is not None:
+        env.update(target.env)
+    if extra:
+        env.update(extra)
+    return env
+
+
+@dataclass
+class Identity:
+    venv: Path
+    facts: dict[str, Any]
+    mismatches: list[tuple[str, str, str]] = field(default_factory=list)
+    compiled_sm: list[str] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+    def summary(self) -> dict[str, Any]:
+        mods = self.facts.get("modules", {})
+        return {
+            "ok": self.ok,
+            "venv": str(self.venv),
+            "vllm": mods.get("vllm", {}).get("version"),
+            "vllm_file": mods.get("vllm", {}).get("file"),
+            "torch": mods.get("torch", {}).get("version"),
+            "transformers": mods.get("transformers", {}).get("version"),
+            "flashinfer": mods.get("flashinfer", {}).get("version"),
+            "device": self.device_label(),
+            "kernel": self.facts.get("kernel"),
+            "compiled_sm": self.compiled_sm,
+            "distributions": {k: v["version"] for k, v in
+                              sorted(self.facts.get("distributions", {}).items())},
+            "mismatches": [{"field": f, "expected": e, "found": g} for f, e, g in self.mismatches],
+        }
+
+    def device_label(self) -> str:
+        torch = self.facts.get("modules", {}).get("torch", {})
+        devices = torch.get("devices") or []
+        if devices:
+            d = devices[0]
+            return f"{d['name']} sm_{d['capability'].replace('.', '')}"
+        return f"cpu {self.facts.get('machine', '')}".strip()
+
+    def block(self) -> str:
+        s = self.summary()
+        lines = [
+            f"vllm {s['vllm'] or '-'}   transformers {s['transformers'] or '-'}   "
+            f"flashinfer {s['flashinfer'] or '-'}",
+            f"torch {s['torch'] or '-'}   {s['device']}",
+            f"vllm_file {s['vllm_file'] or '-'}",
+        ]
+        if self.ok:
+            lines.append(OK_LINE)
+        else:
+            lines.append("ORACLE_IDENTITY_MISMATCH")
+            lines += [f"  {f}: expected {e}, found {g}" for f, e, g in self.mismatches]
+        return "\n".join(lines)
+
+
+def run_probe(venv: Path, target: Target, *, log: Path | None = None,
+              timeout: float = 600) -> dict[str, Any]:
+    python = venv_python(venv)
+    if not python.exists():
+        raise OracleMissing(f"no python at {python}", hint="run build_oracle first")
+    with tempfile.TemporaryDirectory(prefix="oracle-probe-") as neutral:
+        out = Path(neutral) / "facts.json"
+        device = "cuda" if target.device == "cuda" else "cpu"
+        argv = [str(python), "-I", str(PROBE), str(out), target.kernel_check, device]
+        try:
+            proc = subprocess.run(argv, cwd=neutral, env=oracle_env(target),
+                                  stdin=subprocess.DEVNULL, capture_output=True,
+                                  text=True, errors="replace", timeout=timeout, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise BuildFailed(f"identity probe timed out after {timeout}s") from exc
+        if log is not None:
+            with log.open("a", encoding="utf-8") as fh:
+                fh.write(f"\n$ {' '.join(argv)}\n{proc.stdout}{proc.stderr}")
+        if proc.returncode != 0 or not out.exists():
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-20:]
+            raise BuildFailed(
+                f"identity probe failed (exit {proc.returncode}) with {python}:\n"
+                + "\n".join("    | " + ln for ln in tail)
+            )
+        facts: dict[str, Any] = json.loads(out.read_text())
+    import platform
+
+    facts["machine"] = platform.machine()
+    return facts
+
+
+def cuobjdump_sm(paths: list[str], cuobjdump: str | None = None) -> list[str]:
+    """The sm_XX ELF code inside the given libraries, via ``cuobjdump --list-elf``."""
+    exe = cuobjdump or shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
+    found: set[str] = set()
+    for path in paths:
+        proc = subprocess.run([exe, "--list-elf", path], capture_output=True, text=True,
+                              check=False)
+        found.update(re.findall(r"\.(sm_\d+[af]?)\.", proc.stdout))
+    return sorted(found)
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any]) -> list[
+        tuple[str, str, str]]:
+    """Every way the facts differ from the pin, as (field, expected, found)."""
+    bad: list[tuple[str, str, str]] = []
+    py = facts["python"]
+    expected_prefix = os.path.realpath(venv)
+    if venv.is_symlink():
+        bad.append(("venv_path", f"a real directory at {venv}",
+                    f"a symlink to {os.path.realpath(venv)}"))
+    if py["real_prefix"] != expected_prefix:
+        bad.append(("sys.prefix", expected_prefix, py["real_prefix"]))
+    if not py["version"].startswith(pin.model.python + "."):
+        bad.append(("python", pin.model.python, py["version"]))
+    site_dirs = sorted({py["purelib"], py["platlib"]})
+    foreign = [p for p in py["sys_path"] if p and not (
+        _under(os.path.realpath(p), [expected_prefix, os.path.realpath(py["base_prefix"])]))]
+    if foreign:
+        bad.append(("sys.path", "only the venv and its base interpreter", ", ".join(foreign)))
+
+    mods = facts.get("modules", {})
+    vllm = mods.get("vllm", {})
+    if "error" in vllm:
+        bad.append(("vllm import", "imports", vllm["error"]))
+    else:
+        want = pin.expected_runtime_version()
+        if vllm.get("version") != want:
+            bad.append(("vllm.__version__", want, str(vllm.get("version"))))
+        src = pin.model.vllm
+        if isinstance(src, GitSource):
+            m = re.search(r"\+g([0-9a-f]+)", vllm.get("version") or "")
+            if not m or not src.commit.startswith(m.group(1)):
+                bad.append(("vllm commit", f"+g<prefix of {src.commit}>",
+                            str(vllm.get("version"))))
+        if not _under(vllm.get("file", ""), site_dirs):
+            bad.append(("vllm_file", f"inside {site_dirs[0]}", str(vllm.get("file"))))
+
+    dists = facts.get("distributions", {})
+    for key, version in pin.expected_versions().items():
+        found = dists.get(key)
+        if found is None:
+            bad.append((f"{key} (installed)", version, "not installed"))
+            continue
+        if found["version"] != version:
+            bad.append((f"{key} (installed)", version, found["version"]))
+        if not _under(found["location"], site_dirs):
+            bad.append((f"{key} (location)", f"inside {site_dirs[0]}", found["location"]))
+    for key, entries in facts.get("duplicate_distributions", {}).items():
+        bad.append((f"{key} (installed)", "one copy",
+                    ", ".join(f"{e['version']} at {e['location']}" for e in entries)))
+    for module, dist in (("torch", "torch"), ("transformers", "transformers"),
+                         ("flashinfer", "flashinfer-python")):
+        want = pin.expected_versions().get(canonicalize_name(dist))
+        if want is None:
+            continue
+        got = mods.get(module, {})
+        if "error" in got or got.get("version") != want:
+            bad.append((f"{module}.__version__", want, got.get("error") or str(got.get("version"))))
+        elif not _under(got.get("file", ""), site_dirs):
+            bad.append((f"{module} file", f"inside {site_dirs[0]}", str(got.get("file"))))
+
+    torch = mods.get("torch", {})
+    if target.device == "cuda":
+        devices = torch.get("devices") or []
+        want = f"{target.device_name} sm_{(target.compute_capability or '').replace('.', '')}"
+        if not devices:
+            bad.append(("device", want, torch.get("cuda_error") or "no CUDA device visible"))
+        else:
+            d = devices[0]
+            if (target.device_name or "").lower() not in d["name"].lower() or (
+                    d["capability"] != target.compute_capability):
+                bad.append(("device", want, f"{d['name']} ({d['capability']})"))
+    elif facts.get("machine") != target.machine:
+        bad.append(("machine", target.machine, str(facts.get("machine"))))
+
+    kernel = facts.get("kernel", {})
+    if not kernel.get("ok"):
+        bad.append(("compiled kernel", f"{target.kernel_check} runs",
+                    str(kernel.get("error") or kernel)))
+    return bad
+
+
+def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None) -> Identity:
+    facts = run_probe(venv, target, log=log)
+    ident = Identity(venv=venv, facts=facts)
+    ident.mismatches = compare(pin, target, venv, facts)
+    if target.device == "cuda":
+        libs = [e["path"] for e in facts.get("extensions", [])]
+        ident.compiled_sm = cuobjdump_sm(libs)
+        allowed = set(target.expected_sm)
+        if not ident.compiled_sm or not set(ident.compiled_sm) <= allowed:
+            ident.mismatches.append(("compiled sm", ", ".join(sorted(allowed)),
+                                     ", ".join(ident.compiled_sm) or "none"))
+    return ident
+
+
+def require(pin: Pin, target: Target, venv: Path, *, log: Path | None = None) -> Identity:
+    ident = check(pin, target, venv, log=log)
+    if not ident.ok:
+        raise IdentityMismatch(ident.mismatches, where=str(venv),
+                               hint="`build_oracle -- --rebuild` replaces a drifted oracle")
+    return ident

