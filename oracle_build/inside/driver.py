@@ -1,0 +1,232 @@
+"""Capture driver: run by the ORACLE venv's python. Standard library + vLLM only.
+
+    python -I driver.py REQUEST.json RESULT.json
+
+One engine start (in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0), then every run in
+the request: each run is a list of generate() calls (batch composition), repeated
+``legs`` times. Writes the configuration the engine resolved, read back from the
+running engine, never echoed from the request; a value that cannot be read is
+recorded as unreadable, with why. vLLM logs to stdout, so results go to a file.
+"""
+
+import json
+import os
+import sys
+import time
+import traceback
+
+DRIVER_SCHEMA = 1
+
+# BRIEF section 5's keys, and where each may live on vllm_config (first readable wins).
+RESOLVED = {
+    "attention_backend": ["attention_config.backend", "model_config.attention_backend"],
+    "block_size": ["cache_config.block_size"],
+    "cudagraph_capture_sizes": ["compilation_config.cudagraph_capture_sizes"],
+    "cudagraph_mode": ["compilation_config.cudagraph_mode"],
+    "compilation_mode": ["compilation_config.mode", "compilation_config.level"],
+    "dtype": ["model_config.dtype"],
+    "enable_chunked_prefill": ["scheduler_config.enable_chunked_prefill"],
+    "enable_prefix_caching": ["cache_config.enable_prefix_caching"],
+    "enforce_eager": ["model_config.enforce_eager"],
+    "gpu_memory_utilization": ["cache_config.gpu_memory_utilization"],
+    "kv_cache_dtype": ["cache_config.cache_dtype"],
+    "max_model_len": ["model_config.max_model_len"],
+    "max_num_batched_tokens": ["scheduler_config.max_num_batched_tokens"],
+    "max_num_seqs": ["scheduler_config.max_num_seqs"],
+    "moe_backend": ["kernel_config.moe_backend", "model_config.moe_backend"],
+    "num_gpu_blocks": ["cache_config.num_gpu_blocks"],
+    "num_gpu_blocks_override": ["cache_config.num_gpu_blocks_override"],
+    "quantization": ["model_config.quantization"],
+    "seed": ["model_config.seed"],
+    "tensor_parallel_size": ["parallel_config.tensor_parallel_size"],
+    # Beyond the 20: settings that move numerics or size the cache on CPU.
+    "kv_cache_memory_bytes": ["cache_config.kv_cache_memory_bytes"],
+    "num_cpu_blocks": ["cache_config.num_cpu_blocks"],
+    "batch_invariant": ["model_config.batch_invariant"],
+    "max_logprobs": ["model_config.max_logprobs"],
+    "logprobs_mode": ["model_config.logprobs_mode"],
+    "async_scheduling": ["scheduler_config.async_scheduling"],
+    "device": ["device_config.device_type", "device_config.device"],
+}
+# Keys whose config value may be "auto"/None: the engine's real choice is read elsewhere.
+CHOSEN_ELSEWHERE = {"attention_backend", "moe_backend"}
+
+ENV_PREFIXES = ("VLLM_", "CUDA", "TORCH", "TRITON_", "FLASHINFER_", "NCCL", "CUBLAS",
+                "OMP_", "KMP_", "MKL_", "PYTORCH_", "LD_PRELOAD")
+MISSING = object()
+
+
+def jsonable(value, depth=0):
+    if depth > 6:
+        return repr(value)
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return repr(value)
+        return value
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value
+        return [jsonable(v, depth + 1) for v in items]
+    if isinstance(value, dict):
+        return {str(k): jsonable(v, depth + 1) for k, v in value.items()}
+    name = getattr(value, "name", None)
+    if name is not None and type(value).__class__.__name__ in ("EnumMeta", "EnumType"):
+        return name
+    text = str(value)
+    return text
+
+
+def read_path(root, dotted):
+    obj = root
+    for part in dotted.split("."):
+        obj = getattr(obj, part, MISSING)
+        if obj is MISSING:
+            return MISSING
+    return obj
+
+
+def resolved_config(vllm_config):
+    out = {}
+    for key, paths in RESOLVED.items():
+        for path in paths:
+            value = read_path(vllm_config, path)
+            if value is not MISSING:
+                out[key] = {"value": jsonable(value), "from": "vllm_config." + path}
+                break
+        else:
+            out[key] = {"unreadable": "no attribute at this vLLM version (tried "
+                        + ", ".join("vllm_config." + p for p in paths) + ")"}
+    return out
+
+
+def chosen_backends(vllm_config):
+    """The attention/MoE implementations the engine actually instantiated, read from the
+    layers registered in the forward context (in-process engine)."""
+    out = {"attention": {}, "moe": {}}
+    ctx = read_path(vllm_config, "compilation_config.static_forward_context")
+    if ctx is MISSING or not isinstance(ctx, dict) or not ctx:
+        reason = "compilation_config.static_forward_context is empty or absent"
+        return {"attention": {"unreadable": reason}, "moe": {"unreadable": reason}}
+    for layer_name, layer in ctx.items():
+        backend = getattr(layer, "attn_backend", None)
+        if backend is not None:
+            get_name = getattr(backend, "get_name", None)
+            label = get_name() if callable(get_name) else getattr(backend, "__name__", "?")
+            out["attention"].setdefault(label, []).append(layer_name)
+            continue
+        qm = getattr(layer, "quant_method", None)
+        if type(layer).__name__ in ("FusedMoE", "SharedFusedMoE") or "moe" in type(
+                layer).__name__.lower():
+            label = type(qm).__name__ if qm is not None else type(layer).__name__
+            out["moe"].setdefault(label, []).append(layer_name)
+    summary = {}
+    for kind in ("attention", "moe"):
+        found = out[kind]
+        if found:
+            summary[kind] = {"value": sorted(found), "layers": {k: len(v) for k, v in
+                                                                 found.items()}}
+        else:
+            summary[kind] = {"value": None,
+                             "note": "no %s layers in static_forward_context" % kind}
+    return summary
+
+
+def sampling_dict(params):
+    fields = getattr(params, "__struct_fields__", None) or [
+        f for f in dir(params) if not f.startswith("_") and not callable(getattr(params, f))]
+    out = {}
+    for f in fields:
+        try:
+            out[f] = jsonable(getattr(params, f))
+        except Exception as exc:  # noqa: BLE001
+            out[f] = {"unreadable": repr(exc)}
+    return out
+
+
+def topk(position_logprobs, k):
+    if position_logprobs is None:
+        return None
+    items = []
+    for token_id, lp in position_logprobs.items():
+        rank = getattr(lp, "rank", None)
+        items.append((int(token_id), float(lp.logprob), rank if rank is not None else 10 ** 9))
+    items.sort(key=lambda t: (-t[1], t[2], t[0]))
+    return [[tid, logprob] for tid, logprob, _rank in items]
+
+
+def run_one(llm, SamplingParams, run, legs_out):
+    s = dict(run["sampling"])
+    params = SamplingParams(**s)
+    prompts = []
+    for p in run["prompts"]:
+        if "token_ids" in p:
+            prompts.append({"prompt_token_ids": list(p["token_ids"])})
+        else:
+            prompts.append({"prompt": p["text"]})
+    leg_times = []
+    for _leg in range(run["legs"]):
+        start = time.monotonic()
+        results = [None] * len(prompts)
+        for call in run["calls"]:
+            outs = llm.generate([prompts[i] for i in call], params, use_tqdm=False)
+            for i, out in zip(call, outs):
+                comp = out.outputs[0]
+                results[i] = {
+                    "prompt_token_ids": list(out.prompt_token_ids or []),
+                    "token_ids": list(comp.token_ids),
+                    "text": comp.text,
+                    "finish_reason": comp.finish_reason,
+                    "topk": [topk(pos, s.get("logprobs") or 0) for pos in (comp.logprobs or [])],
+                }
+        leg_times.append(round(time.monotonic() - start, 3))
+        legs_out.append(results)
+    return sampling_dict(params), leg_times
+
+
+def main(argv):
+    req_path, out_path = argv[1], argv[2]
+    with open(req_path, encoding="utf-8") as fh:
+        req = json.load(fh)
+    result = {"driver_schema": DRIVER_SCHEMA, "ok": False}
+    t0 = time.monotonic()
+    result["env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+    try:
+        import torch
+        import vllm
+        from vllm import LLM, SamplingParams
+
+        result["versions"] = {"vllm": vllm.__version__, "torch": torch.__version__}
+        result["torch_threads"] = torch.get_num_threads()
+        # What vLLM/torch set for themselves on import, apart from what the caller set.
+        result["env_after_import"] = {
+            k: v for k, v in sorted(os.environ.items())
+            if k.startswith(ENV_PREFIXES) and result["env"].get(k) != v}
+        start = time.monotonic()
+        llm = LLM(model=req["model"], **req["engine_args"])
+        result["engine_start_seconds"] = round(time.monotonic() - start, 3)
+        vllm_config = llm.llm_engine.vllm_config
+        result["resolved"] = resolved_config(vllm_config)
+        result["backends"] = chosen_backends(vllm_config)
+        result["runs"] = []
+        for run in req["runs"]:
+            legs = []
+            sampling, times = run_one(llm, SamplingParams, run, legs)
+            result["runs"].append({"name": run["name"], "sampling": sampling, "legs": legs,
+                                   "leg_seconds": times})
+        # num_gpu_blocks is set once the KV cache is sized: read it again after the runs.
+        result["resolved_after"] = resolved_config(vllm_config)
+        result["ok"] = True
+    except BaseException as exc:  # noqa: BLE001 - reported to the harness as data
+        result["error"] = "%s: %s" % (type(exc).__name__, exc)
+        result["traceback"] = traceback.format_exc(limit=20)
+    result["seconds"] = round(time.monotonic() - t0, 3)
+    tmp = out_path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(result, fh)
+    os.replace(tmp, out_path)
+    return 0 if result["ok"] else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
