@@ -36,6 +36,8 @@ EXIT_CODES_HELP = """exit codes:
   9  source: shallow clone, dirty tree, wrong commit, unsafe git transport
   10 a pin value the step needs is recorded as unestablished
   11 verify: a golden's target is not this host (its records are still checked)
+  12 the vLLM engine failed to start or to generate (log tail and path shown)
+  13 the model's files are not the ones the spec or golden pins (sha256)
   130 interrupted
 """
 
@@ -172,6 +174,41 @@ def cmd_externals(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_schema(args: argparse.Namespace) -> int:
+    from oracle_build import schemas
+
+    for path in schemas.write():
+        print(path)
+    return EXIT_OK
+
+
+DEFAULT_SPEC = Path("goldens/tiny-llama-greedy")
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    import time
+
+    from oracle_build.capture import capture
+
+    home, _ = _homes(args)
+    out = Path(args.out).resolve() if args.out else None
+    paths = [Path(p) for p in args.specs]
+    if not paths:
+        # The embedded default. Its committed golden is never overwritten, so a capture
+        # with no arguments writes a fresh one under the oracle home instead.
+        paths = [DEFAULT_SPEC]
+        if out is None and (DEFAULT_SPEC / "golden.json").exists() and not args.replace:
+            out = home / "captures" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            say(f"no spec given: capturing the embedded default {DEFAULT_SPEC} into {out} "
+                "(its committed golden is never overwritten)")
+    written = capture(paths, home=home, replace=args.replace,
+                      allow_nondeterministic=args.allow_nondeterministic,
+                      target=args.target, out=out)
+    for path in written:
+        print(path)
+    return EXIT_OK
+
+
 def _add_pin_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pin", help="pin file (default: the pin under ./pins with a target for "
                    "this host; env ORACLE_BUILD_PIN)")
@@ -226,6 +263,31 @@ def parser() -> argparse.ArgumentParser:
                         "as pin TOML, to fill a pin's [[externals]]")
     ex.add_argument("--checkout", required=True, help="a vLLM checkout at the pinned commit")
     ex.set_defaults(func=cmd_externals)
+
+    c = sub.add_parser(
+        "capture", help="run the oracle and write goldens that record their full configuration",
+        description="For each spec (goldens/<name> or its spec.toml): check the oracle's "
+        "identity, start the engine once per distinct configuration, run every leg, and "
+        "publish goldens/<name>/golden.json atomically. Never overwrites a golden. With no "
+        "spec: the embedded default (goldens/tiny-llama-greedy), written under the oracle "
+        "home when its committed golden exists.",
+        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("specs", nargs="*", help="spec folders or spec.toml files")
+    c.add_argument("--out", help="write goldens to OUT/<name>/golden.json instead of next to "
+                   "their spec")
+    c.add_argument("--replace", action="store_true",
+                   help="replace an existing golden; the old one is kept under replaced/")
+    c.add_argument("--allow-nondeterministic", action="store_true",
+                   help="publish even if the legs disagree, marked non-deterministic (never "
+                   "usable for a strict gate)")
+    c.add_argument("--target", help="pin target (default: detected)")
+    c.add_argument("--home", help="oracle home (env ORACLE_BUILD_HOME)")
+    c.add_argument("--wheelhouse", help=argparse.SUPPRESS)
+    c.set_defaults(func=cmd_capture)
+
+    sc = sub.add_parser("schema", help="regenerate the committed JSON Schemas "
+                        "(oracle_build/schemas/*.json) from the models")
+    sc.set_defaults(func=cmd_schema)
 
     for register in _extra_commands:
         register(sub)

@@ -21,6 +21,8 @@ EXIT_REFUSED = 8  # refused to act: would overwrite, lock held, legs disagree
 EXIT_SOURCE = 9  # git source problem: shallow, dirty, wrong commit, unsafe URL
 EXIT_UNESTABLISHED = 10  # a pin value the step needs is recorded as unestablished
 EXIT_NOT_HERE = 11  # verify: golden's target is not this host (records still checked)
+EXIT_ENGINE = 12  # the vLLM engine failed to start or to generate (log tail shown)
+EXIT_MODEL = 13  # the model's files are not the ones the spec or golden pins
 EXIT_INTERRUPTED = 130
 
 
@@ -122,3 +124,13 @@ class Unestablished(OracleBuildError):
 class NotVerifiableHere(OracleBuildError):
     exit_code = EXIT_NOT_HERE
     label = "not verifiable here"
+
+
+class EngineFailed(OracleBuildError):
+    exit_code = EXIT_ENGINE
+    label = "engine failed"
+
+
+class ModelMismatch(OracleBuildError):
+    exit_code = EXIT_MODEL
+    label = "model mismatch"
