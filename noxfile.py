@@ -11,7 +11,7 @@ import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["build_oracle"]
+nox.options.sessions = ["build_oracle", "verify"]
 
 PYTHON = "3.11"
 
@@ -32,6 +32,19 @@ def build_oracle(session: nox.Session) -> None:
 def identity(session: nox.Session) -> None:
     """Re-check the built oracle's identity against its pin."""
     _cli(session, "identity")
+
+
+@nox.session(python=PYTHON)
+def capture(session: nox.Session) -> None:
+    """Run the oracle and write goldens (`-- goldens/NAME ... --replace --out DIR`); with no
+    spec, the embedded default into a fresh folder under the oracle home."""
+    _cli(session, "capture")
+
+
+@nox.session(python=PYTHON)
+def verify(session: nox.Session) -> None:
+    """Re-run goldens: identity, then configuration, then tokens (`-- goldens/NAME --json`)."""
+    _cli(session, "verify")
 
 
 @nox.session(python=PYTHON)

@@ -9,6 +9,7 @@ and tests assert on the sm_121 / sm_110 plans that only a GPU host can run.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -498,13 +499,19 @@ def do_build_requirements(state: BuildState, step: Step) -> None:
         _run_cmd(state, cmd)
 
 
-VERSION_HINTS = {
-    ".precompiled": "VLLM_USE_PRECOMPILED was seen by the build: kernels came from a nightly",
-    ".d": "the tree was dirty when setuptools-scm ran",
-    ".cu": "nvcc's CUDA differs from VLLM_MAIN_CUDA_VERSION at this commit; if this is the "
-           "intended toolkit, set the pin's distribution_version to it after review",
-    "0.1.dev": "the clone had no tags or was shallow",
-}
+VERSION_HINTS = [
+    (re.compile(r"\+.*precompiled"), "VLLM_USE_PRECOMPILED was seen by the build: kernels "
+     "came from a nightly wheel"),
+    (re.compile(r"\+.*\.d\d{8}"), "the tree was dirty when setuptools-scm ran"),
+    (re.compile(r"\+.*\.cu\d+"), "nvcc's CUDA differs from VLLM_MAIN_CUDA_VERSION at this "
+     "commit; if this is the intended toolkit, set the pin's distribution_version to it "
+     "after review"),
+    (re.compile(r"^0\.1\.dev"), "the clone had no tags or was shallow"),
+]
+
+
+def version_hint(version: str) -> str:
+    return "; ".join(why for pattern, why in VERSION_HINTS if pattern.search(version))
 
 
 def check_wheel(state: BuildState) -> None:
@@ -518,7 +525,7 @@ def check_wheel(state: BuildState) -> None:
     name, version, _b, _t = parse_wheel_filename(wheel.name)
     want = src.expected_distribution_version
     if canonicalize_name(name) != canonicalize_name(src.distribution) or str(version) != want:
-        why = next((h for k, h in VERSION_HINTS.items() if k in str(version)), "")
+        why = version_hint(str(version))
         raise BuildFailed(f"built {name} {version}, the pin expects {src.distribution} {want}"
                           + (f": {why}" if why else ""))
     state.wheel = wheel
@@ -640,6 +647,7 @@ def build_record(state: BuildState, ident: identity.Identity) -> dict[str, Any]:
 
 def publish(state: BuildState, ident: identity.Identity) -> identity.Identity:
     p = state.plan
+    publish_start = time.monotonic()
     record = build_record(state, ident)
     rec_dir = p.staging_venv / RECORD_DIR
     rec_dir.mkdir(parents=True, exist_ok=True)
@@ -661,8 +669,10 @@ def publish(state: BuildState, ident: identity.Identity) -> identity.Identity:
         raise IdentityMismatch(final.mismatches, where=f"{p.venv} (after the move)")
     record["identity"] = final.summary()
     record["timings"]["identity (final path)"] = round(time.monotonic() - start, 3)
-    record["timings"]["total"] = round(sum(v for k, v in record["timings"].items()
-                                           if k != "total"), 3)
+    record["timings"]["publish"] = round(time.monotonic() - publish_start, 3)
+    record["timings"]["total"] = round(sum(  # steps only; the final identity is in publish
+        v for k, v in record["timings"].items() if k not in ("total", "identity (final path)")),
+        3)
     shutil.copy2(p.log, p.venv / RECORD_DIR / "build.log")
     atomic_write_json(p.venv / RECORD_DIR / "identity.json", final.facts)
     atomic_write_json(p.venv / RECORD_DIR / "build-record.json", record)

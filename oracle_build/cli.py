@@ -182,6 +182,18 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    from oracle_build.verify import render, verify
+
+    home, _ = _homes(args)
+    report = verify([Path(p) for p in args.goldens], home=home)
+    if args.json:
+        print(report.model_dump_json(indent=2))
+    else:
+        print(render(report))
+    return report.exit_code
+
+
 DEFAULT_SPEC = Path("goldens/tiny-llama-greedy")
 
 
@@ -284,6 +296,22 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--home", help="oracle home (env ORACLE_BUILD_HOME)")
     c.add_argument("--wheelhouse", help=argparse.SUPPRESS)
     c.set_defaults(func=cmd_capture)
+
+    v = sub.add_parser(
+        "verify", help="re-run goldens: identity, then configuration, then tokens",
+        description="For each golden (default: every goldens/*/golden.json): check the "
+        "oracle's identity against the golden's, re-run under the golden's recorded "
+        "configuration (one engine start per distinct configuration), report configuration "
+        "differences before any token result, then per prompt the first divergence and the "
+        "margin there, classified near-tie or real, and apply the golden's gate. Never "
+        "modifies a golden.", epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    v.add_argument("goldens", nargs="*", help="golden folders or golden.json files")
+    v.add_argument("--json", action="store_true", help="machine-readable report "
+                   "(schema: oracle_build/schemas/verify-report.schema.json)")
+    v.add_argument("--home", help="oracle home (env ORACLE_BUILD_HOME)")
+    v.add_argument("--wheelhouse", help=argparse.SUPPRESS)
+    v.set_defaults(func=cmd_verify)
 
     sc = sub.add_parser("schema", help="regenerate the committed JSON Schemas "
                         "(oracle_build/schemas/*.json) from the models")

@@ -152,6 +152,9 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any]) -> list
     if venv.is_symlink():
         bad.append(("venv_path", f"a real directory at {venv}",
                     f"a symlink to {os.path.realpath(venv)}"))
+    elif os.path.realpath(venv) != os.path.abspath(venv):
+        bad.append(("venv_path", f"{venv} with no symlink in it",
+                    f"reached through a symlink (real path {os.path.realpath(venv)})"))
     if py["real_prefix"] != expected_prefix:
         bad.append(("sys.prefix", expected_prefix, py["real_prefix"]))
     if not py["version"].startswith(pin.model.python + "."):

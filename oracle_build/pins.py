@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from oracle_build.errors import BadInput, Unestablished
 from oracle_build.files import load_toml, read_text, sha256_bytes, validate
@@ -92,6 +92,17 @@ def check_git_url(value: str) -> str:
         f"{value!r}: unsupported transport; use one of {sorted(SAFE_GIT_SCHEMES)} or an "
         "absolute local path"
     )
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    for key in env:
+        if not ENV_NAME.match(key):
+            raise ValueError(f"{key!r} is not an environment variable name")
+        if key == "VLLM_USE_PRECOMPILED":
+            raise ValueError(
+                "VLLM_USE_PRECOMPILED downloads kernels from nightly wheels; an oracle is "
+                "built from source, so a pin may not set it (older vLLM treats even '0' as on)")
+    return env
 
 
 ExactVersion = Annotated[str, AfterValidator(_exact_version)]
@@ -170,17 +181,7 @@ class Build(Strict):
     build_requirements: str = "requirements/build.txt"
     pip: ExactVersion = "26.3"
 
-    @model_validator(mode="after")
-    def _env_names(self) -> Build:
-        for key in self.env:
-            if not ENV_NAME.match(key):
-                raise ValueError(f"env key {key!r} is not an environment variable name")
-            if key == "VLLM_USE_PRECOMPILED":
-                raise ValueError(
-                    "VLLM_USE_PRECOMPILED downloads kernels from nightly wheels; an oracle is "
-                    "built from source, so a pin may not set it (older vLLM treats even '0' as on)"
-                )
-        return self
+    _env = field_validator("env")(lambda v: _check_env(v))
 
 
 class External(Strict):
@@ -228,12 +229,9 @@ class Target(Strict):
         for sm in self.expected_sm:
             if not re.fullmatch(r"sm_\d+[af]?", sm):
                 raise ValueError(f"expected_sm entry {sm!r} must look like 'sm_121' or 'sm_121a'")
-        for key in (*self.env, *self.build_env):
-            if not ENV_NAME.match(key):
-                raise ValueError(f"env key {key!r} is not an environment variable name")
-        if "VLLM_USE_PRECOMPILED" in self.build_env or "VLLM_USE_PRECOMPILED" in self.env:
-            raise ValueError("a pin may not set VLLM_USE_PRECOMPILED")
         return self
+
+    _env = field_validator("env", "build_env")(lambda v: _check_env(v))
 
 
 class PinModel(Strict):

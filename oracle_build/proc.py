@@ -122,6 +122,8 @@ def run(
         raise
     finally:
         done.set()
+        if proc.stdout is not None:
+            proc.stdout.close()
         if logf:
             logf.write(f"# exit {proc.returncode} after {time.monotonic() - start:.1f}s\n")
             logf.close()

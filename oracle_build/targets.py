@@ -79,7 +79,7 @@ def detect_host() -> Host:
 def fits(target: Target, host: Host) -> tuple[bool, str]:
     """Whether ``target`` can run on ``host``, and why not."""
     if target.machine != host.machine:
-        return False, f"needs a {target.machine} host, this one is {host.machine}"
+        return False, f"needs an {target.machine} host, this one is {host.machine}"
     if target.device == "cpu":
         return True, "cpu"
     for gpu in host.gpus:

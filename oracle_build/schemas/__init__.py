@@ -11,8 +11,10 @@ HERE = Path(__file__).parent
 
 def generated() -> dict[str, dict[str, Any]]:
     from oracle_build.golden import Golden
+    from oracle_build.verify import VerifyReport
 
-    return {"golden.schema.json": Golden.model_json_schema(by_alias=True, mode="validation")}
+    return {"golden.schema.json": Golden.model_json_schema(by_alias=True, mode="validation"),
+            "verify-report.schema.json": VerifyReport.model_json_schema(mode="validation")}
 
 
 def write() -> list[Path]:

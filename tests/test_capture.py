@@ -1,0 +1,196 @@
+"""capture against the real CPU engine; spec validation without it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from oracle_build import schemas, tinymodel
+from oracle_build.capture import capture
+from oracle_build.cli import main
+from oracle_build.errors import BadInput, ModelMismatch, Refused
+from oracle_build.golden import load_golden, load_spec
+from oracle_build.verify import REQUIRED_RESOLVED
+from tests.conftest import REPO, TINY_SPEC, BuiltOracle, Captured
+
+# ---------------------------------------------------------------- fast: spec validation
+
+SPEC_CASES = [
+    ("legs = 2", "legs = 2\ncolour = 1", "colour", "unknown key"),
+    ("legs = 2", "legs = 1", "legs", "greater than or equal to 2"),
+    ('id = "ids"\n', 'id = "ids"\ntext = "x"\n', "prompts[2]",
+     "exactly one of text, token_ids"),
+    ("token_ids = [5, 60", "token_ids = [-5, 60", "prompts[2].token_ids[0]",
+     "greater than or equal to 0"),
+    ('name = "tiny-llama-greedy"', 'name = "../escape"', "name", "not a safe name"),
+    ('mode = "per_prompt"', 'mode = "groups"', "batch", "groups is given exactly"),
+    ("max_tokens = 24", "max_tokens = 0", "sampling.max_tokens", "greater than or equal to 1"),
+    ('generate = "tiny-llama-v1"', 'generate = "tiny-llama-v1"\npath = "/x"', "model",
+     "exactly one of generate, path, repo_id"),
+    ('"config.json" = "', '"config.json" = "abc', "model.files.config.json", "sha256"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "field", "msg"), SPEC_CASES)
+def test_malformed_spec_names_file_and_field(tmp_path: Path, old: str, new: str, field: str,
+                                             msg: str) -> None:
+    text = (TINY_SPEC / "spec.toml").read_text()
+    assert old in text, old
+    spec = tmp_path / "spec.toml"
+    spec.write_text(text.replace(old, new, 1))
+    with pytest.raises(BadInput) as info:
+        load_spec(spec)
+    assert str(spec) in info.value.message
+    assert any(f == field for f, _m in info.value.problems), info.value.problems
+    assert msg in info.value.message
+
+
+def test_malformed_spec_cli_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "bad" / "spec.toml"
+    spec.parent.mkdir()
+    spec.write_text((TINY_SPEC / "spec.toml").read_text().replace("legs = 2", "legs = 'two'"))
+    assert main(["capture", str(spec.parent), "--home", str(tmp_path / "h")]) == 2
+    err = capsys.readouterr().err
+    assert "legs" in err and str(spec) in err and "Traceback" not in err
+    assert not (spec.parent / "golden.json").exists()
+
+
+def test_generated_model_is_pinned_by_spec() -> None:
+    spec = load_spec(TINY_SPEC)
+    assert {k: __import__("hashlib").sha256(v).hexdigest()
+            for k, v in tinymodel.files().items()} == spec.model.files
+
+
+# ---------------------------------------------------------------- slow: the real engine
+
+
+@pytest.mark.slow
+def test_golden_carries_everything(captured: Captured) -> None:
+    golden = load_golden(captured.golden_path)
+    data = json.loads(captured.golden_path.read_text())
+    jsonschema.validate(data, schemas.committed("golden.schema.json"))
+    assert golden.golden_schema == 1
+    # identity and build record
+    assert golden.oracle.identity["ok"] and golden.oracle.pin_id == "cpu"
+    assert len(golden.oracle.build_record_sha256) == 64
+    # model: files with sha256 and size, architectures, tokenizer and generation config
+    assert golden.model.files["model.safetensors"]["size"] > 1_000_000
+    assert golden.model.architectures == ["LlamaForCausalLM"]
+    assert golden.model.tokenizer_sha256 == golden.model.files["tokenizer.json"]["sha256"]
+    assert golden.model.generation_config_sha256
+    # requested and resolved: every key, read back from the engine, agreeing with the request
+    res = golden.engine.resolved
+    for key in REQUIRED_RESOLVED:
+        assert key in res, key
+    readable = {k: v for k, v in res.items() if hasattr(v, "value")}
+    assert all(v.from_.startswith(("vllm_config.", "torch.")) for v in readable.values())
+    assert readable["dtype"].value == "torch.float32"
+    assert readable["max_model_len"].value == 256
+    assert readable["max_num_seqs"].value == 4
+    assert readable["max_num_batched_tokens"].value == 256
+    assert readable["enforce_eager"].value is True
+    assert readable["enable_prefix_caching"].value is False
+    assert readable["seed"].value == 0
+    assert readable["kv_cache_memory_bytes"].value == 1 << 30  # bounded on CPU, recorded
+    assert isinstance(readable["num_gpu_blocks"].value, int) and readable[
+        "num_gpu_blocks"].value > 0
+    assert golden.engine.requested["kv_cache_memory_bytes"] == 1 << 30
+    assert golden.engine.backends["attention"].value == ["CPU_ATTN"]  # type: ignore[union-attr]
+    # environment, sampling, batch
+    assert golden.environment["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert golden.sampling["temperature"] == 0.0 and golden.sampling["ignore_eos"] is True
+    assert golden.sampling["logprobs"] == 20
+    assert golden.batch["calls"] == [["capital"], ["fibonacci"], ["ids"]]
+    # legs
+    assert golden.legs.count == 2 and golden.legs.agree and not golden.nondeterministic
+    assert golden.legs.tokens[0] == golden.legs.tokens[1]
+    # per prompt: k entries per position, sorted, the greedy choice first
+    for p in golden.prompts:
+        assert len(p.token_ids) == 24 and len(p.topk) == 24
+        for tok, pos in zip(p.token_ids, p.topk, strict=True):
+            assert len(pos) >= 20
+            assert pos[0][0] == tok
+            lps = [lp for _t, lp in pos]
+            assert lps == sorted(lps, reverse=True)
+    assert golden.prompts[2].prompt_token_ids == [5, 60, 70, 80, 90, 100, 110]
+    assert golden.run.tool["name"] == "oracle-build"
+    assert {"engine_start", "legs", "driver_wall"} <= set(golden.run.durations)
+
+
+@pytest.mark.slow
+def test_committed_golden_recaptures_token_identically(captured: Captured) -> None:
+    new = load_golden(captured.golden_path)
+    committed = load_golden(TINY_SPEC)
+    assert [p.prompt_token_ids for p in new.prompts] == [
+        p.prompt_token_ids for p in committed.prompts]
+    assert [p.token_ids for p in new.prompts] == [p.token_ids for p in committed.prompts]
+
+
+@pytest.mark.slow
+def test_overwrite_refused_and_replace_keeps_old(captured: Captured) -> None:
+    out = captured.golden_path.parent.parent
+    before = captured.golden_path.read_bytes()
+    with pytest.raises(Refused, match="never overwritten"):
+        capture([TINY_SPEC], home=captured.oracle.home, out=out)
+    assert captured.golden_path.read_bytes() == before
+
+
+@pytest.mark.slow
+def test_changed_model_file_is_caught(cpu_oracle: BuiltOracle, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    tinymodel.generate(model)
+    cfg = json.loads((model / "tokenizer_config.json").read_text())
+    cfg["model_max_length"] = 512
+    (model / "tokenizer_config.json").write_text(json.dumps(cfg))
+    spec = tmp_path / "g" / "spec.toml"
+    spec.parent.mkdir()
+    text = (TINY_SPEC / "spec.toml").read_text()
+    text = text.replace('generate = "tiny-llama-v1"', f'path = "{model}"')
+    text = text.replace('pin = "../../pins/cpu.toml"', f'pin = "{REPO / "pins/cpu.toml"}"')
+    spec.write_text(text)
+    with pytest.raises(ModelMismatch, match="tokenizer_config.json: sha256"):
+        capture([spec.parent], home=cpu_oracle.home)
+    assert not (spec.parent / "golden.json").exists()
+
+
+@pytest.mark.slow
+def test_killed_capture_leaves_no_golden(cpu_oracle: BuiltOracle, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "oracle_build", "capture", str(TINY_SPEC), "--out", str(out),
+         "--home", str(cpu_oracle.home)], cwd=REPO, stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL, text=True, start_new_session=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "==> engine" in line:
+            time.sleep(8)  # the engine is starting or generating
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    folder = out / "tiny-llama-greedy"
+    assert not (folder / "golden.json").exists()
+    assert not folder.exists() or not any(folder.iterdir())  # no partial or temp file
+
+
+def test_default_capture_never_touches_committed_golden(tmp_path: Path) -> None:
+    assert (TINY_SPEC / "golden.json").exists()
+    before = (TINY_SPEC / "golden.json").read_bytes()
+    # no oracle in this home: refused (exit 7) before anything is written
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        assert main(["capture", "--home", str(tmp_path)]) == 7
+    finally:
+        os.chdir(cwd)
+    assert (TINY_SPEC / "golden.json").read_bytes() == before
+    shutil.rmtree(tmp_path, ignore_errors=True)

