@@ -48,6 +48,24 @@ def verify(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def margin(session: nox.Session) -> None:
+    """Teacher-forced top-k and top-2 margin (`-- GOLDEN PROMPT POSITION [--candidate F]`)."""
+    _cli(session, "margin")
+
+
+@nox.session(python=PYTHON)
+def determinism(session: nox.Session) -> None:
+    """K legs of a golden's configuration in one process (`-- GOLDEN_OR_SPEC --legs K`)."""
+    _cli(session, "determinism")
+
+
+@nox.session(python=PYTHON)
+def compare(session: nox.Session) -> None:
+    """Offline: another engine's output against a golden (`-- GOLDEN CANDIDATE.json`)."""
+    _cli(session, "compare")
+
+
+@nox.session(python=PYTHON)
 def lock(session: nox.Session) -> None:
     """Regenerate a pin's hash-locked dependency list (`-- --pin pins/cpu.toml`)."""
     _cli(session, "lock")

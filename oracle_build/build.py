@@ -587,11 +587,11 @@ def install_built(state: BuildState, step: Step) -> None:
 def installed_distributions(venv: Path) -> dict[str, str]:
     out = proc.run([uv(), "pip", "freeze", "--python", str(venv / "bin" / "python")],
                    env={**scrubbed_env(), **uv_env()}, capture=True, echo=False)
-    dists = {}
+    dists: dict[str, str] = {}
     for line in out.output.splitlines():
         if "==" in line:
             name, version = line.split("==", 1)
-            dists[canonicalize_name(name)] = version.strip()
+            dists[str(canonicalize_name(name))] = version.strip()
     return dists
 
 
@@ -609,10 +609,10 @@ def build_record(state: BuildState, ident: identity.Identity) -> dict[str, Any]:
     p = state.plan
     lock_hashes = {e.key: e.sha256[0] for e in (p.pin.lock_entries or ())}
     manifest = p.wheelhouse.files() if p.wheelhouse.manifest_path.exists() else {}
-    wheel_by_key = {}
+    wheel_by_key: dict[str, tuple[str | None, str | None]] = {}
     for filename, info in manifest.items():
-        name, version, _b, _t = parse_wheel_filename(filename)
-        wheel_by_key[canonicalize_name(name)] = (filename, info["sha256"])
+        name, _version, _b, _t = parse_wheel_filename(filename)
+        wheel_by_key[str(canonicalize_name(name))] = (filename, info["sha256"])
     dists = installed_distributions(p.staging_venv)
     cuda_home = p.build_env.get("CUDA_HOME")
     return {

@@ -158,6 +158,11 @@ def golden_from(job: Job, oracle: engine.Oracle, result: dict[str, Any], run: di
     )
 
 
+def golden_lock(home: Path, golden: Path) -> Path:
+    digest = sha256_bytes(str(golden.resolve()).encode())[:16]
+    return home / "locks" / f"golden-{digest}.lock"
+
+
 def config_key(job: Job) -> str:
     return json.dumps([job.pin.key, job.target_name, str(job.model_path), job.args],
                       sort_keys=True, default=str)
@@ -198,8 +203,8 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
         log = home / "logs" / f"capture-{lead.spec.name}-{stamp}.log"
         say(f"==> engine {n}/{len(groups)}: {', '.join(j.spec.name for j in group)} "
             f"(log: {log})")
-        locks = [held(home / "locks" / f"golden-{sha256_bytes(str(j.golden_path.resolve()).encode())[:16]}.lock",
-                      what=f"capture {j.golden_path}") for j in group]
+        locks = [held(golden_lock(home, j.golden_path), what=f"capture {j.golden_path}")
+                 for j in group]
         for lk in locks:
             lk.__enter__()
         try:

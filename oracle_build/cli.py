@@ -194,6 +194,77 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
+def cmd_margin(args: argparse.Namespace) -> int:
+    from oracle_build.analyze import margin
+
+    home, _ = _homes(args)
+    report = margin(Path(args.golden), args.prompt, args.position, home=home,
+                    candidate=Path(args.candidate) if args.candidate else None, k=args.k)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return EXIT_OK
+    print(f"{report['golden']} prompt {report['prompt']} position {report['position']} "
+          f"(teacher-forced on the {report['prefix']}'s prefix, prefix caching off)")
+    for rank, (tok, lp) in enumerate(report["topk"], start=1):
+        marks = []
+        if tok == report.get("golden_token"):
+            marks.append("golden")
+        if tok == report.get("candidate_token"):
+            marks.append("candidate")
+        print(f"  {rank:>2}. token {tok:>7}  logprob {lp:+.6f}  {' '.join(marks)}")
+    m = report["top2_margin_nats"]
+    print(f"top-2 margin: {'n/a' if m is None else f'{m:.6f} nats'}")
+    if "candidate_gap_mnats" in report:
+        print(f"candidate gap: {report['candidate_gap_mnats']} mnats")
+    return EXIT_OK
+
+
+def cmd_determinism(args: argparse.Namespace) -> int:
+    from oracle_build.analyze import determinism
+
+    home, _ = _homes(args)
+    report = determinism(Path(args.source), home=home, legs=args.legs)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for leg in report["per_leg"]:
+            extra = (f", matches golden {leg['matches_golden']}/{report['prompts']}"
+                     if "matches_golden" in leg else "")
+            print(f"leg {leg['leg']}: matches leg 0 {leg['matches_leg0']}/{report['prompts']}"
+                  + extra)
+        print(("DETERMINISTIC" if report["deterministic"] else "NON-DETERMINISTIC")
+              + f" under this configuration ({report['legs']} legs, one process)")
+    return EXIT_OK if report["deterministic"] else 1
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from oracle_build import compare
+    from oracle_build.candidate import compare_candidate, load_candidate
+    from oracle_build.golden import load_golden
+
+    golden = load_golden(Path(args.golden))
+    cand_path = Path(args.candidate)
+    results = compare_candidate(golden, load_candidate(cand_path), cand_path)
+    summary = compare.summarize(results)
+    passed = compare.gate_passes(golden.gate.kind, results)
+    if args.json:
+        print(json.dumps({"golden": args.golden, "candidate": args.candidate,
+                          "results": [r.as_dict() for r in results],
+                          "summary": summary.line(golden.gate.kind), "passed": passed},
+                         indent=2))
+    else:
+        for r in results:
+            where = "match" if r.index is None else (
+                f"diverges at {r.index}: golden {r.golden_token}, candidate {r.new_token}, "
+                f"golden margin "
+                + ("outside top-k" if r.golden_margin is None else f"{r.golden_margin:.4f}")
+                + f" -> {r.kind}")
+            ids = "" if r.prompt_ids_equal else "  PROMPT IDS DIFFER"
+            print(f"  {r.prompt}: {where}{ids}")
+        print(summary.line(golden.gate.kind))
+    return EXIT_OK if passed else 1
+
+
 DEFAULT_SPEC = Path("goldens/tiny-llama-greedy")
 
 
@@ -242,7 +313,8 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     b = sub.add_parser(
-        "build", help="build the pinned oracle venv and assert its identity",
+        "build", aliases=["build-oracle"],
+        help="build the pinned oracle venv and assert its identity",
         description="Build the pin's oracle into an isolated venv for this host's target, in "
         "a staging folder, and move it into place only after its identity passes. With the "
         "venv already in place: re-check identity (seconds).",
@@ -312,6 +384,45 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--home", help="oracle home (env ORACLE_BUILD_HOME)")
     v.add_argument("--wheelhouse", help=argparse.SUPPRESS)
     v.set_defaults(func=cmd_verify)
+
+    mg = sub.add_parser("margin", help="teacher-forced top-k and top-2 margin at one position",
+                        description="Re-run the golden's configuration (prefix caching off) on "
+                        "prompt ids + the golden's tokens before POSITION, one new token, "
+                        "logprobs k; print the top-k and the top-2 margin in nats. With "
+                        "--candidate, on the candidate's prefix, and its gap in mnats.",
+                        epilog=EXIT_CODES_HELP,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    mg.add_argument("golden")
+    mg.add_argument("prompt", help="prompt id or index")
+    mg.add_argument("position", type=int)
+    mg.add_argument("--candidate", help="candidate output file (see `compare`)")
+    mg.add_argument("-k", type=int, default=20, help="top-k (default 20)")
+    mg.add_argument("--json", action="store_true")
+    mg.add_argument("--home", help="oracle home (env ORACLE_BUILD_HOME)")
+    mg.add_argument("--wheelhouse", help=argparse.SUPPRESS)
+    mg.set_defaults(func=cmd_margin)
+
+    dt = sub.add_parser("determinism", help="K legs of a golden's (or spec's) configuration "
+                        "in one process: is the oracle deterministic under it?",
+                        epilog="exit 0 deterministic, 1 not; other codes as below\n\n"
+                        + EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    dt.add_argument("source", help="golden folder/json, or spec folder/toml")
+    dt.add_argument("--legs", type=int, default=5)
+    dt.add_argument("--json", action="store_true")
+    dt.add_argument("--home", help="oracle home (env ORACLE_BUILD_HOME)")
+    dt.add_argument("--wheelhouse", help=argparse.SUPPRESS)
+    dt.set_defaults(func=cmd_determinism)
+
+    cp = sub.add_parser("compare", help="offline: another engine's output against a golden",
+                        description="Per prompt: the first divergence, the golden's margin "
+                        "there from its recorded top-k, near-tie or real; no oracle needed. "
+                        "Exit 0 when the golden's gate passes, 1 on drift, 2 on bad input.",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    cp.add_argument("golden")
+    cp.add_argument("candidate", help="JSON: {candidate_schema: 1, prompts: [{id?, "
+                    "prompt_token_ids, token_ids, topk?}]}")
+    cp.add_argument("--json", action="store_true")
+    cp.set_defaults(func=cmd_compare)
 
     sc = sub.add_parser("schema", help="regenerate the committed JSON Schemas "
                         "(oracle_build/schemas/*.json) from the models")

@@ -9,6 +9,7 @@ overwritten: a replaced golden is kept under replaced/.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import time
@@ -274,7 +275,7 @@ class PromptRecord(Strict):
             if not entries:
                 raise ValueError(f"topk[{pos}] is empty")
             lps = [lp for _t, lp in entries]
-            if any(a < b for a, b in zip(lps, lps[1:], strict=False)):
+            if any(a < b for a, b in itertools.pairwise(lps)):
                 raise ValueError(f"topk[{pos}] is not sorted best first")
         return self
 

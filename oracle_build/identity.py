@@ -197,9 +197,10 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any]) -> list
                     ", ".join(f"{e['version']} at {e['location']}" for e in entries)))
     for module, dist in (("torch", "torch"), ("transformers", "transformers"),
                          ("flashinfer", "flashinfer-python")):
-        want = pin.expected_versions().get(canonicalize_name(dist))
-        if want is None:
+        pinned = pin.expected_versions().get(canonicalize_name(dist))
+        if pinned is None:
             continue
+        want = pinned
         got = mods.get(module, {})
         if "error" in got or got.get("version") != want:
             bad.append((f"{module}.__version__", want, got.get("error") or str(got.get("version"))))

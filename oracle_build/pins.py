@@ -277,7 +277,7 @@ class LockEntry:
 
     @property
     def key(self) -> str:
-        return canonicalize_name(self.name)
+        return str(canonicalize_name(self.name))
 
     def requirement_line(self) -> str:
         hashes = " ".join(f"--hash=sha256:{h}" for h in self.sha256)
@@ -352,12 +352,12 @@ class Pin:
 
     def expected_versions(self) -> dict[str, str]:
         """Every distribution whose version identity checks: vllm, torch, packages."""
-        out = {canonicalize_name(self.model.vllm.distribution): (
+        out: dict[str, str] = {str(canonicalize_name(self.model.vllm.distribution)): (
             self.model.vllm.expected_distribution_version)}
         if self.model.torch is not None:
             out["torch"] = self.model.torch.version
         for name, version in self.model.packages.items():
-            out[canonicalize_name(name)] = version
+            out[str(canonicalize_name(name))] = version
         return out
 
     def expected_runtime_version(self) -> str:
@@ -387,9 +387,9 @@ class Pin:
 
 def _check_lock_against_pin(model: PinModel, path: Path, lock: Path,
                             entries: list[LockEntry]) -> None:
-    by_key = {e.key: e for e in entries}
+    by_key: dict[str, LockEntry] = {e.key: e for e in entries}
     problems: list[tuple[str, str]] = []
-    wanted = {canonicalize_name(k): v for k, v in model.packages.items()}
+    wanted: dict[str, str] = {str(canonicalize_name(k)): v for k, v in model.packages.items()}
     if model.torch is not None:
         wanted["torch"] = model.torch.version
     src = model.vllm

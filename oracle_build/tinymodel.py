@@ -44,7 +44,8 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
         x = x + np.uint64(0x9E3779B97F4A7C15)
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
+        out: np.ndarray = x ^ (x >> np.uint64(31))
+        return out
 
 
 def _uniform(name: str, count: int) -> np.ndarray:
@@ -52,7 +53,8 @@ def _uniform(name: str, count: int) -> np.ndarray:
     key = int.from_bytes(hashlib.sha256(f"{SEED}:{name}".encode()).digest()[:8], "little")
     idx = np.arange(count, dtype=np.uint64) + np.uint64(key)
     bits = _splitmix64(idx) >> np.uint64(40)  # 24 random bits
-    return (bits.astype(np.float64) / float(1 << 23) - 1.0).astype(np.float32)
+    out: np.ndarray = (bits.astype(np.float64) / float(1 << 23) - 1.0).astype(np.float32)
+    return out
 
 
 def _tensors() -> dict[str, np.ndarray]:
@@ -116,7 +118,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 def tokenizer_json() -> dict[str, Any]:
     vocab: dict[str, int] = {tok: i for i, tok in enumerate(SPECIALS)}
-    for b, ch in sorted(_bytes_to_unicode().items()):
+    for _byte, ch in sorted(_bytes_to_unicode().items()):
         vocab[ch] = len(vocab)
     merges = MERGE_TEXT.split("|")
     for merge in merges:

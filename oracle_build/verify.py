@@ -105,7 +105,7 @@ def records_complete(golden: Golden, path: Path) -> None:
                        "verified; re-capture it with `capture`")
 
 
-def check_gate(golden: Golden, path: Path) -> compare.TokenResult | Any:
+def check_gate(golden: Golden, path: Path) -> str:
     ok, reason = compare.gate_admissible(golden.gate.kind,
                                          measured_nondeterminism=golden.nondeterministic,
                                          ratification=golden.gate.ratification)
@@ -148,10 +148,10 @@ def config_diffs(golden: Golden, new: dict[str, Any]) -> tuple[list[FieldDiff],
         old[f"resolved.{key}"] = _setting_value(item)
     for key, item in new["engine"].resolved.items():
         cur[f"resolved.{key}"] = _setting_value(item)
-    for key, item in golden.engine.backends.items():
-        old[f"backends.{key}"] = _setting_value(item)
-    for key, item in new["engine"].backends.items():
-        cur[f"backends.{key}"] = _setting_value(item)
+    for key, backend in golden.engine.backends.items():
+        old[f"backends.{key}"] = _setting_value(backend)
+    for key, backend in new["engine"].backends.items():
+        cur[f"backends.{key}"] = _setting_value(backend)
     _flat("requested", dict(golden.engine.requested), old)
     _flat("requested", dict(new["engine"].requested), cur)
     _flat("environment", dict(golden.environment), old)
@@ -160,8 +160,9 @@ def config_diffs(golden: Golden, new: dict[str, Any]) -> tuple[list[FieldDiff],
     _flat("sampling", dict(new["sampling"]), cur)
     old["batch.calls"] = golden.batch.get("calls")
     cur["batch.calls"] = new["calls"]
-    numerics, context = [], []
-    tightened = dict(golden.classification)
+    numerics: list[FieldDiff] = []
+    context: list[FieldDiff] = []
+    tightened: dict[str, str] = dict(golden.classification)
     for key in sorted(set(old) | set(cur)):
         a, b = old.get(key, "<not recorded>"), cur.get(key, "<not recorded>")
         if a == b:

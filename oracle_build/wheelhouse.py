@@ -73,7 +73,7 @@ class Wheelhouse:
         for filename, info in data["wheels"].items():
             if wheel_key(filename) != (entry.key, entry.version):
                 continue
-            path = self.root / filename
+            path: Path = self.root / filename
             if not path.exists():
                 continue
             actual = sha256_file(path)
@@ -93,11 +93,11 @@ class Wheelhouse:
                 continue
             if wheel_key(filename) != (canonicalize_name(distribution), version):
                 continue
-            path = self.root / filename
-            if path.exists():
-                if sha256_file(path) == info.get("sha256"):
-                    return path
-                self.reject(path, "sha256 differs from the one recorded when it was built")
+            built: Path = self.root / filename
+            if built.exists():
+                if sha256_file(built) == info.get("sha256"):
+                    return built
+                self.reject(built, "sha256 differs from the one recorded when it was built")
                 del data["wheels"][filename]
                 self._save(data)
         return None

@@ -157,7 +157,7 @@ def test_changed_model_file_is_caught(cpu_oracle: BuiltOracle, tmp_path: Path) -
     text = text.replace('generate = "tiny-llama-v1"', f'path = "{model}"')
     text = text.replace('pin = "../../pins/cpu.toml"', f'pin = "{REPO / "pins/cpu.toml"}"')
     spec.write_text(text)
-    with pytest.raises(ModelMismatch, match="tokenizer_config.json: sha256"):
+    with pytest.raises(ModelMismatch, match=r"tokenizer_config\.json: sha256"):
         capture([spec.parent], home=cpu_oracle.home)
     assert not (spec.parent / "golden.json").exists()
 

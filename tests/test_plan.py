@@ -93,7 +93,7 @@ def test_dry_run_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert code == 0
     data = json.loads(capsys.readouterr().out)
     assert data["resolved"]["target"] == "sm_110"
-    wheel = [s for s in data["steps"] if s["name"] == "wheel"][0]["commands"][0]
+    wheel = next(s for s in data["steps"] if s["name"] == "wheel")["commands"][0]
     assert wheel["env"]["TORCH_CUDA_ARCH_LIST"] == "11.0"
 
 

@@ -67,7 +67,7 @@ def module_facts(name):
     start = time.monotonic()
     try:
         module = __import__(name)
-    except BaseException as exc:  # noqa: BLE001 - any import failure is a fact
+    except BaseException as exc:
         return {"error": "%s: %s" % (type(exc).__name__, exc), "seconds": time.monotonic() - start}
     facts = {
         "version": getattr(module, "__version__", None),
@@ -86,7 +86,7 @@ def module_facts(name):
                     }
                     for i in range(module.cuda.device_count())
                 ]
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             facts["cuda_error"] = "%s: %s" % (type(exc).__name__, exc)
     return facts
 
@@ -104,7 +104,6 @@ def extension_files(package_dir):
 def check_rms_norm(device):
     """Run vLLM's compiled rms_norm op and compare it with plain torch."""
     import torch
-
     import vllm._custom_ops  # noqa: F401 - registers torch.ops._C
 
     gen = torch.Generator().manual_seed(0)
@@ -165,7 +164,7 @@ def main(argv):
                 kernel = check_rms_norm(device)
             else:
                 kernel = check_extension(package_dir)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             kernel = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc),
                       "traceback": traceback.format_exc(limit=5)}
     facts["kernel"] = kernel
