@@ -11,16 +11,16 @@ from oracle_build import compare, engine
 from oracle_build.candidate import load_candidate, pair
 from oracle_build.capture import make_job
 from oracle_build.errors import BadInput
-from oracle_build.golden import Golden, ModelSpec, load_golden
+from oracle_build.golden import Golden, ModelSpec, Recorded, load_golden, recorded
 from oracle_build.verify import pin_for, run_request
 
 OUTSIDE_TOPK_MNATS = 99_999_000  # vllm.cpp's marker for a token outside the top-20
 
 
-def _oracle_and_model(golden: Golden, path: Path, home: Path) -> tuple[engine.Oracle, Path]:
-    pin = pin_for(golden, path)
-    oracle = engine.open_oracle(pin, golden.oracle.target, home)
-    model, _ = engine.resolve_model(ModelSpec.model_validate(golden.spec.get("model", {})),
+def _oracle_and_model(rec: Recorded, path: Path, home: Path) -> tuple[engine.Oracle, Path]:
+    pin = pin_for(rec, path)
+    oracle = engine.open_oracle(pin, rec.oracle.target, home)
+    model, _ = engine.resolve_model(ModelSpec.model_validate(rec.spec.get("model", {})),
                                     path.parent, home)
     engine.memory_preflight(oracle.target)
     return oracle, model
@@ -59,8 +59,9 @@ def margin(path: Path, prompt: str, position: int, *, home: Path,
             cand_token = tokens[position]
     if not 0 <= position <= len(tokens):
         raise BadInput(path, [("position", f"{position} is outside 0..{len(tokens)}")])
-    oracle, model = _oracle_and_model(golden, path, home)
-    args = {**golden.engine.requested, "enable_prefix_caching": False}
+    rec = recorded(golden, path)
+    oracle, model = _oracle_and_model(rec, path, home)
+    args = {**rec.engine.requested, "enable_prefix_caching": False}
     run = {"name": "margin", "prompts": [{"token_ids": list(g.prompt_token_ids)
                                           + list(tokens[:position])}],
            "calls": [[0]], "legs": 1,
@@ -99,9 +100,10 @@ def determinism(path: Path, *, home: Path, legs: int = 5) -> dict[str, Any]:
     else:
         path = golden_file(path)
         golden = load_golden(path)
-        oracle, model = _oracle_and_model(golden, path, home)
-        run = run_request(golden, legs=legs)
-        args = dict(golden.engine.requested)
+        rec = recorded(golden, path)
+        oracle, model = _oracle_and_model(rec, path, home)
+        run = run_request(rec, legs=legs)
+        args = dict(rec.engine.requested)
         name, n_prompts = golden.name, len(golden.prompts)
     result = engine.run_driver(oracle, model, args, [run], log=_log(home, "determinism", name))
     all_legs = result["runs"][0]["legs"]

@@ -217,10 +217,12 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
                 durations = {"engine_start": result.get("engine_start_seconds") or 0.0,
                              "legs": sum(run["leg_seconds"]), "driver_wall": round(wall, 3)}
                 golden = golden_from(job, oracle, result, run, log=log, durations=durations)
+                legs = golden.legs
+                assert legs is not None
                 if golden.nondeterministic and not allow_nondeterministic:
                     where = "; ".join(f"prompt {d['prompt']} leg {d['leg']} position "
                                       f"{d['position']}: {d['tokens'][0]} vs {d['tokens'][1]}"
-                                      for d in golden.legs.disagreements)
+                                      for d in legs.disagreements)
                     raise Refused(
                         f"{job.spec.name}: the legs disagree ({where}); not published",
                         hint="--allow-nondeterministic records it, marked non-deterministic "
@@ -229,7 +231,7 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
                 if kept:
                     say(f"    kept the replaced golden at {kept}")
                 say(f"    wrote {job.golden_path} ({len(golden.prompts)} prompts, "
-                    f"{golden.legs.count} legs, legs agree: {golden.legs.agree})")
+                    f"{legs.count} legs, legs agree: {legs.agree})")
                 written.append(job.golden_path)
         finally:
             for lk in reversed(locks):

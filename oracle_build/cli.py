@@ -265,6 +265,27 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return EXIT_OK if passed else 1
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    from oracle_build.interop.vllmcpp import import_to
+
+    dest = import_to(Path(args.path), Path(args.out), name=args.name)
+    say(f"imported {args.path} -> {dest}")
+    print(dest)
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from oracle_build.golden import load_golden
+    from oracle_build.interop.vllmcpp import export
+
+    path = Path(args.golden)
+    path = path / "golden.json" if path.is_dir() else path
+    dest = export(load_golden(path), path, Path(args.dir))
+    say(f"exported {path} -> {dest} (vllm.cpp battery + attributed oracle.json)")
+    print(dest)
+    return EXIT_OK
+
+
 DEFAULT_SPEC = Path("goldens/tiny-llama-greedy")
 
 
@@ -423,6 +444,32 @@ def parser() -> argparse.ArgumentParser:
                     "prompt_token_ids, token_ids, topk?}]}")
     cp.add_argument("--json", action="store_true")
     cp.set_defaults(func=cmd_compare)
+
+    im = sub.add_parser(
+        "import", help="read a vllm.cpp golden (oracle.json, any schema; or a greedy battery) "
+        "into our golden format",
+        description="Reads vllm.cpp's legacy oracle.json, oracle.json with a schema-2 capture "
+        "block (attributed or unattributed), or a greedy battery folder (greedy_ids.npy, "
+        "greedy_dist.npy, p{i}_prompt.i32, optional our_ids.npy / neartie_gap_mnats.npy), and "
+        "writes OUT/<name>/golden.json. Never invents a value: what the source did not record "
+        "is marked unrecorded with the source's own reasons; the source files' sha256 are kept.",
+        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    im.add_argument("path", help="oracle.json, or a folder holding it or a battery")
+    im.add_argument("--out", default="goldens", help="goldens folder (default: goldens)")
+    im.add_argument("--name", help="golden name (default: the source folder's name)")
+    im.set_defaults(func=cmd_import)
+
+    exp = sub.add_parser(
+        "export", help="write a golden as a vllm.cpp battery + attributed oracle.json",
+        description="Writes DIR/greedy_ids.npy, greedy_dist.npy (from the legs), "
+        "p{i}_prompt.i32 and an oracle.json whose schema-2 capture block is attributed (all 20 "
+        "resolved keys, legs >= 2, legs_agree true). Refuses a golden that cannot satisfy that "
+        "contract, and never overwrites DIR.", epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    exp.add_argument("--format", choices=["vllm.cpp"], required=True)
+    exp.add_argument("golden")
+    exp.add_argument("dir")
+    exp.set_defaults(func=cmd_export)
 
     sc = sub.add_parser("schema", help="regenerate the committed JSON Schemas "
                         "(oracle_build/schemas/*.json) from the models")

@@ -13,6 +13,7 @@ import itertools
 import math
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -261,13 +262,15 @@ class PromptRecord(Strict):
     text: str | None
     prompt_token_ids: list[TokenId] = Field(min_length=1)
     token_ids: list[TokenId]
-    output_text: str
+    output_text: str | None
     finish_reason: str | None
-    # topk[position] = [[token_id, logprob], ...], best first
-    topk: list[list[tuple[TokenId, Logprob]]]
+    # topk[position] = [[token_id, logprob], ...], best first; None: the source recorded none
+    topk: list[list[tuple[TokenId, Logprob]]] | None
 
     @model_validator(mode="after")
     def _shape(self) -> PromptRecord:
+        if self.topk is None:
+            return self
         if len(self.topk) != len(self.token_ids):
             raise ValueError(f"topk has {len(self.topk)} positions for "
                              f"{len(self.token_ids)} tokens")
@@ -298,31 +301,69 @@ class RunRecord(Strict):
     log: str | None = None
 
 
+class StatedOracle(Strict):
+    """An imported golden's oracle: only what its source states; no pin, no identity."""
+
+    stated: dict[str, str]
+    note: str
+
+
+class ImportRecord(Strict):
+    """Where an imported golden came from, and the source's own words, carried over."""
+
+    format: Literal["vllm.cpp-legacy", "vllm.cpp-schema2", "vllm.cpp-battery"]
+    path: str
+    files: dict[str, Sha256]
+    imported_utc: str
+    tool: dict[str, Any]
+    source_fields: dict[str, Any] = Field(default_factory=dict)
+    candidate: dict[str, Any] | None = None
+
+
+# Fields a golden may leave null only when ``unrecorded`` says why.
+NULLABLE = ("spec", "model", "engine", "environment", "batch", "legs", "logprobs", "run")
+
+
 class Golden(Strict):
     golden_schema: int
     name: SafeName
-    spec: dict[str, Any]
-    spec_sha256: Sha256
-    oracle: OracleRecord
-    model: ModelRecord
-    engine: EngineRecord
-    environment: dict[str, str]
+    spec: dict[str, Any] | None
+    spec_sha256: Sha256 | None = None
+    oracle: OracleRecord | StatedOracle
+    model: ModelRecord | None
+    engine: EngineRecord | None
+    environment: dict[str, str] | None
     sampling: dict[str, Any]
-    logprobs: int = Field(ge=1, le=20)
-    batch: dict[str, Any]
-    legs: LegsRecord
-    nondeterministic: bool
+    logprobs: int | None = Field(default=None, ge=1, le=20)
+    batch: dict[str, Any] | None
+    legs: LegsRecord | None
+    nondeterministic: bool | None
+    nondeterministic_cells: list[dict[str, Any]] = Field(default_factory=list)
     gate: GateSpec
     classification: dict[str, Classification] = Field(default_factory=dict)
     prompts: list[PromptRecord] = Field(min_length=1)
-    run: RunRecord
+    run: RunRecord | None
+    source: ImportRecord | None = None
+    # field -> why it was not recorded (an imported golden carries its source's reasons)
+    unrecorded: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def configuration_recorded(self) -> bool:
+        return self.engine is not None
 
     @model_validator(mode="after")
     def _consistent(self) -> Golden:
-        if any(len(leg) != len(self.prompts) for leg in self.legs.tokens):
-            raise ValueError("legs.tokens does not hold one entry per prompt")
-        if self.nondeterministic == self.legs.agree:
-            raise ValueError("nondeterministic must be true exactly when the legs disagree")
+        for name in NULLABLE:
+            if getattr(self, name) is None and name not in self.unrecorded:
+                raise ValueError(f"{name} is null but unrecorded gives no reason")
+        if self.source is None and (self.engine is None or not isinstance(
+                self.oracle, OracleRecord)):
+            raise ValueError("a captured golden records its engine and its oracle")
+        if self.legs is not None:
+            if any(len(leg) != len(self.prompts) for leg in self.legs.tokens):
+                raise ValueError("legs.tokens does not hold one entry per prompt")
+            if self.nondeterministic != (not self.legs.agree):
+                raise ValueError("nondeterministic must be true exactly when the legs disagree")
         if self.nondeterministic and self.gate.kind == "strict":
             raise ValueError("a non-deterministic golden cannot back a strict gate")
         return self
@@ -373,3 +414,34 @@ def publish(golden: Golden, path: Path, *, replace: bool) -> Path | None:
         raise Refused(f"{path} appeared while this capture ran (another capture?); "
                       "nothing overwritten") from None
     return kept
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A golden whose configuration was recorded: what re-running it needs, typed."""
+
+    golden: Golden
+    oracle: OracleRecord
+    engine: EngineRecord
+    spec: dict[str, Any]
+    batch: dict[str, Any]
+    environment: dict[str, str]
+    logprobs: int
+
+
+def recorded(golden: Golden, path: Path) -> Recorded:
+    """The golden's recorded configuration, or a clear refusal naming what is unrecorded."""
+    missing = [(name, golden.unrecorded.get(name, "not recorded")) for name in
+               ("engine", "spec", "batch", "environment", "logprobs")
+               if getattr(golden, name) is None]
+    if not isinstance(golden.oracle, OracleRecord):
+        missing.insert(0, ("oracle", "no pin or identity recorded: " + golden.oracle.note))
+    if missing:
+        raise BadInput(path, [(f, f"unrecorded ({why})"[:300]) for f, why in missing],
+                       hint="CONFIGURATION UNRECORDED: this golden cannot be re-run; "
+                       "re-capture it under a recorded configuration")
+    assert isinstance(golden.oracle, OracleRecord) and golden.engine is not None
+    assert golden.spec is not None and golden.batch is not None
+    assert golden.environment is not None and golden.logprobs is not None
+    return Recorded(golden, golden.oracle, golden.engine, golden.spec, golden.batch,
+                    golden.environment, golden.logprobs)

@@ -1,0 +1,474 @@
+"""vllm.cpp's golden formats: import them as they are, export ours into them.
+
+Formats (see ../shared/interop/vllm.cpp/README.md):
+- legacy ``oracle.json``: seven keys (vllm, transformers, flashinfer, model, revision,
+  sampling{temperature,max_tokens}, golden[{prompt,prompt_token_ids,token_ids,text}]);
+- ``oracle.json`` with a schema-2 ``capture`` block, "unattributed"
+  (engine_config_recorded=false, engine/batch/legs null, prose reasons) or "attributed"
+  (engine{profile,resolved{20 keys},torch,device}, batch{shape,prompts}, legs>=2,
+  legs_agree=true);
+- a greedy battery folder: greedy_ids.npy int32 [N,T] (run 0), greedy_dist.npy int32
+  [N,T,K] (K runs, -1 pads short runs), p{i}_prompt.i32 (raw little-endian int32), and
+  optionally our_ids.npy [N,T] (a candidate) and neartie_gap_mnats.npy [N,T].
+
+Import never invents a value: what the source did not record is ``unrecorded`` with the
+source's own reasons, and the source files' sha256 are kept as provenance.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from oracle_build.errors import BadInput, Refused
+from oracle_build.files import atomic_write_bytes, dumps_json, load_json, sha256_file, validate
+from oracle_build.golden import (
+    GOLDEN_SCHEMA,
+    SAFE_NAME,
+    EngineRecord,
+    GateSpec,
+    Golden,
+    ImportRecord,
+    LegsRecord,
+    ModelRecord,
+    PromptRecord,
+    ReadValue,
+    StatedOracle,
+    TokenId,
+    publish,
+    recorded,
+)
+from oracle_build.meta import tool_facts, utc_now
+
+LEGACY_KEYS = {"vllm", "transformers", "flashinfer", "model", "revision", "sampling", "golden"}
+RESOLVED_20 = (
+    "attention_backend", "block_size", "cudagraph_capture_sizes", "cudagraph_mode",
+    "compilation_mode", "dtype", "enable_chunked_prefill", "enable_prefix_caching",
+    "enforce_eager", "gpu_memory_utilization", "kv_cache_dtype", "max_model_len",
+    "max_num_batched_tokens", "max_num_seqs", "moe_backend", "num_gpu_blocks",
+    "num_gpu_blocks_override", "quantization", "seed", "tensor_parallel_size")
+NULLABLE_RESOLVED = {"num_gpu_blocks_override"}
+PAD = -1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LegacySampling(_Strict):
+    temperature: float
+    max_tokens: int = Field(ge=1)
+
+
+class LegacyPrompt(_Strict):
+    prompt: str
+    prompt_token_ids: list[TokenId] = Field(min_length=1)
+    token_ids: list[TokenId]
+    text: str
+
+
+class CaptureBlock(BaseModel):
+    """Schema 2's capture block. Its prose keys vary, so unknown keys are carried over;
+    the keys the format defines are checked."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    schema_: int = Field(alias="schema")
+    engine_config_recorded: bool
+    engine: dict[str, Any] | None = None
+    batch: dict[str, Any] | None = None
+    legs: int | None = None
+    legs_agree: bool | None = None
+
+
+class OracleJson(_Strict):
+    vllm: str
+    transformers: str
+    flashinfer: str
+    model: str
+    revision: str
+    sampling: LegacySampling
+    capture: CaptureBlock | None = None
+    golden: list[LegacyPrompt] = Field(min_length=1)
+
+
+def attributed_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """The README's contract for schema 2's attributed state, as (field, problem)."""
+    cap = data.get("capture")
+    if not isinstance(cap, dict):
+        return [("capture", "missing")]
+    out = []
+    if cap.get("schema") != 2:
+        out.append(("capture.schema", "must be 2"))
+    if cap.get("engine_config_recorded") is not True:
+        out.append(("capture.engine_config_recorded", "must be true"))
+    engine = cap.get("engine")
+    if not isinstance(engine, dict):
+        return [*out, ("capture.engine", "must be an object")]
+    for key in ("profile", "resolved", "torch", "device"):
+        if key not in engine:
+            out.append((f"capture.engine.{key}", "missing"))
+    resolved = engine.get("resolved") or {}
+    for key in RESOLVED_20:
+        if key not in resolved:
+            out.append((f"capture.engine.resolved.{key}", "missing"))
+        elif resolved[key] is None and key not in NULLABLE_RESOLVED:
+            out.append((f"capture.engine.resolved.{key}", "null (only "
+                        "num_gpu_blocks_override may be)"))
+    batch = cap.get("batch")
+    if not (isinstance(batch, dict) and "shape" in batch and "prompts" in batch):
+        out.append(("capture.batch", "must hold shape and prompts"))
+    legs = cap.get("legs")
+    if not (isinstance(legs, int) and not isinstance(legs, bool) and legs >= 2):
+        out.append(("capture.legs", "must be an integer >= 2"))
+    if cap.get("legs_agree") is not True:
+        out.append(("capture.legs_agree", "must be true"))
+    return out
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _load_npy(path: Path, ndim: int) -> np.ndarray:
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise BadInput(path, f"not a readable .npy array ({exc})") from None
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise BadInput(path, [("dtype", f"expected an integer array, found {arr.dtype}")])
+    if arr.ndim != ndim:
+        raise BadInput(path, [("shape", f"expected {ndim} dimensions, found {arr.shape}")])
+    out: np.ndarray = arr.astype(np.int64)
+    return out
+
+
+def _row(values: np.ndarray, path: Path, where: str) -> list[int]:
+    """A token row without its -1 padding (padding only at the end)."""
+    row = [int(v) for v in values]
+    if PAD in row:
+        cut = row.index(PAD)
+        if any(v != PAD for v in row[cut:]):
+            raise BadInput(path, [(where, "-1 padding in the middle of a row")])
+        row = row[:cut]
+    if any(v < 0 for v in row):
+        raise BadInput(path, [(where, "negative token id other than -1 padding")])
+    return row
+
+
+def read_battery(folder: Path) -> dict[str, Any]:
+    ids_path, dist_path = folder / "greedy_ids.npy", folder / "greedy_dist.npy"
+    for p in (ids_path, dist_path):
+        if not p.is_file():
+            raise BadInput(folder, [(p.name, "missing: a battery needs greedy_ids.npy and "
+                                     "greedy_dist.npy")])
+    ids = _load_npy(ids_path, 2)
+    dist = _load_npy(dist_path, 3)
+    n, t = ids.shape
+    if dist.shape[:2] != (n, t):
+        raise BadInput(dist_path, [("shape", f"{dist.shape} does not match greedy_ids.npy "
+                                    f"{ids.shape} as [N,T,K]")])
+    k = dist.shape[2]
+    if n < 1 or k < 1:
+        raise BadInput(dist_path, [("shape", f"empty battery {dist.shape}")])
+    files = {"greedy_ids.npy": ids_path, "greedy_dist.npy": dist_path}
+    prompts = []
+    for i in range(n):
+        p = folder / f"p{i}_prompt.i32"
+        raw = p.read_bytes() if p.is_file() else None
+        if raw is None:
+            raise BadInput(folder, [(p.name, f"missing: greedy_ids.npy has {n} prompts")])
+        if not raw or len(raw) % 4:
+            raise BadInput(p, [("size", f"{len(raw)} bytes is not a non-empty whole number of "
+                                "int32 values")])
+        toks = np.frombuffer(raw, dtype="<i4")
+        if (toks < 0).any():
+            raise BadInput(p, [("values", "negative token id")])
+        prompts.append([int(x) for x in toks])
+        files[p.name] = p
+    extra = folder / f"p{n}_prompt.i32"
+    if extra.exists():
+        raise BadInput(extra, [("count", f"more prompt files than greedy_ids.npy's {n} rows")])
+    candidate: dict[str, Any] | None = None
+    our_path, gap_path = folder / "our_ids.npy", folder / "neartie_gap_mnats.npy"
+    if our_path.is_file():
+        our = _load_npy(our_path, 2)
+        if our.shape != (n, t):
+            raise BadInput(our_path, [("shape", f"{our.shape}, greedy_ids.npy is {ids.shape}")])
+        files[our_path.name] = our_path
+        candidate = {"token_ids": [_row(our[i], our_path, f"row {i}") for i in range(n)]}
+        if gap_path.is_file():
+            gap = _load_npy(gap_path, 2)
+            if gap.shape != (n, t):
+                raise BadInput(gap_path, [("shape", f"{gap.shape}, greedy_ids.npy is "
+                                           f"{ids.shape}")])
+            if (gap < 0).any():
+                raise BadInput(gap_path, [("values", "negative gap")])
+            files[gap_path.name] = gap_path
+            candidate["neartie_gap_mnats"] = gap.tolist()
+    elif gap_path.is_file():
+        raise BadInput(gap_path, [("our_ids.npy", "a gap file needs the candidate's ids")])
+    tokens = [_row(ids[i], ids_path, f"row {i}") for i in range(n)]
+    legs = [[_row(dist[i, :, j], dist_path, f"[{i},:,{j}]") for i in range(n)]
+            for j in range(k)]
+    cells = []
+    for i in range(n):
+        for pos in range(t):
+            values = sorted({int(v) for v in dist[i, pos] if v != PAD})
+            if len(values) > 1:
+                cells.append({"prompt": f"p{i}", "position": pos, "values": values})
+    return {"prompts": prompts, "tokens": tokens, "legs": legs, "cells": cells,
+            "candidate": candidate, "files": files, "shape": [n, t, k]}
+
+
+def _oracle_json(path: Path) -> tuple[dict[str, Any], OracleJson]:
+    data = load_json(path)
+    if not isinstance(data, dict):
+        raise BadInput(path, [("<top level>", "expected a JSON object")])
+    keys = set(data)
+    if not keys >= LEGACY_KEYS:
+        raise BadInput(path, [("<top level>", f"no known format: a vllm.cpp oracle.json has "
+                               f"{sorted(LEGACY_KEYS)} (+capture); found {sorted(keys)[:12]}")])
+    return data, validate(OracleJson, data, path)
+
+
+def detect(path: Path) -> str:
+    if path.is_dir():
+        if (path / "greedy_ids.npy").exists() or (path / "greedy_dist.npy").exists():
+            return "battery"
+        if (path / "oracle.json").is_file():
+            return "oracle.json"
+        raise BadInput(path, "no known format: expected oracle.json or a greedy battery "
+                       "(greedy_ids.npy, greedy_dist.npy, p{i}_prompt.i32)")
+    if path.suffix == ".json":
+        return "oracle.json"
+    if path.suffix == ".npy":
+        return "battery"
+    raise BadInput(path, "no known format: expected oracle.json or a battery folder")
+
+
+def import_path(path: Path, *, name: str | None = None) -> Golden:
+    """Read any vllm.cpp golden at ``path`` into our golden format."""
+    path = Path(path)
+    if not path.exists():
+        raise BadInput(path, "not found")
+    kind = detect(path)
+    if kind == "battery" and path.is_file():
+        path = path.parent
+    folder = path if path.is_dir() else path.parent
+    golden_name = name or folder.name.replace(" ", "_")
+    if not SAFE_NAME.match(golden_name):
+        raise BadInput(path, [("name", f"{golden_name!r} is not a safe golden name; pass "
+                               "--name")])
+    battery = read_battery(folder) if kind == "battery" else None
+    oracle_file = (folder / "oracle.json") if path.is_dir() else path
+    doc = _oracle_json(oracle_file) if oracle_file.is_file() else None
+    files: dict[str, str] = {}
+    if battery:
+        files.update({k: sha256_file(v) for k, v in battery["files"].items()})
+    if doc:
+        files[oracle_file.name] = sha256_file(oracle_file)
+    return _build(golden_name, folder if path.is_dir() else path, doc, battery, files)
+
+
+def _build(name: str, path: Path, doc: tuple[dict[str, Any], OracleJson] | None,
+           battery: dict[str, Any] | None, files: dict[str, str]) -> Golden:
+    unrecorded: dict[str, str] = {}
+    source_fields: dict[str, Any] = {}
+    cap = doc[1].capture if doc else None
+    if doc:
+        raw, oj = doc
+        source_fields = {k: v for k, v in raw.items() if k != "golden"}
+        fmt = "vllm.cpp-schema2" if cap else "vllm.cpp-legacy"
+        stated = {"vllm": oj.vllm, "transformers": oj.transformers,
+                  "flashinfer": oj.flashinfer}
+        oracle = StatedOracle(stated=stated, note="versions as the source states them; it "
+                              "names no pin and records no identity check")
+        model = ModelRecord(source=f"path:{oj.model}", path=oj.model, revision=oj.revision,
+                            files={}, architectures=None, tokenizer_sha256=None,
+                            generation_config_sha256=None)
+        unrecorded["model.files"] = "the source names the checkpoint and its revision, and " \
+            "hashes no file"
+        sampling: dict[str, Any] = oj.sampling.model_dump()
+        prompts = [PromptRecord(id=f"p{i}", text=g.prompt, prompt_token_ids=g.prompt_token_ids,
+                                token_ids=g.token_ids, output_text=g.text, finish_reason=None,
+                                topk=None) for i, g in enumerate(oj.golden)]
+    else:
+        fmt = "vllm.cpp-battery"
+        oracle = StatedOracle(stated={}, note="a battery records no versions, pin or identity")
+        model = None
+        unrecorded["model"] = "a battery records no model"
+        sampling = {}
+        unrecorded["sampling"] = "a battery records no sampling parameters"
+        assert battery is not None
+        prompts = [PromptRecord(id=f"p{i}", text=None, prompt_token_ids=ids,
+                                token_ids=battery["tokens"][i], output_text=None,
+                                finish_reason=None, topk=None)
+                   for i, ids in enumerate(battery["prompts"])]
+    if battery and doc:
+        # our own export: check both halves tell the same story
+        for i, p in enumerate(prompts):
+            if i >= len(battery["prompts"]) or battery["prompts"][i] != p.prompt_token_ids \
+                    or battery["tokens"][i] != p.token_ids:
+                raise BadInput(path, [(f"golden[{i}]", "oracle.json and the battery disagree "
+                                       "on this prompt's ids or tokens")])
+        if len(battery["prompts"]) != len(prompts):
+            raise BadInput(path, [("golden", "oracle.json and the battery hold different "
+                                   "numbers of prompts")])
+    unrecorded["topk"] = "the source records no logprobs"
+    engine: EngineRecord | None = None
+    batch: dict[str, Any] | None = None
+    if cap is not None and cap.engine_config_recorded and cap.engine:
+        eng = cap.engine
+        resolved = {k: ReadValue.model_validate({"value": v, "from": "vllm.cpp capture."
+                                                 "engine.resolved"})
+                    for k, v in (eng.get("resolved") or {}).items()}
+        engine = EngineRecord(requested={}, resolved=resolved, backends={})
+        unrecorded["engine.requested"] = f"the source names a profile ({eng.get('profile')}) " \
+            "but not its arguments"
+        batch = {"shape": (cap.batch or {}).get("shape"),
+                 "calls": [[prompts[i].id for i in c] if isinstance(c, list) else [c]
+                           for c in (cap.batch or {}).get("prompts", [])]}
+    elif cap is not None:
+        reason = str(getattr(cap, "unrecoverable_reason", None) or
+                     "engine_config_recorded is false")
+        unrecorded["engine"] = reason
+    else:
+        unrecorded["engine"] = ("the legacy format records no engine setting at all" if doc
+                                else "a battery records no engine setting")
+    if batch is None:
+        unrecorded["batch"] = "the source records no batch composition (see engine)"
+    legs: LegsRecord | None = None
+    nondet: bool | None = None
+    cells: list[dict[str, Any]] = []
+    if battery is not None:
+        k = len(battery["legs"])
+        cells = battery["cells"]
+        nondet = bool(cells)
+        if k >= 2:
+            legs = LegsRecord(count=k, agree=not cells, tokens=battery["legs"])
+        else:
+            unrecorded["legs"] = "the battery holds a single run"
+    elif cap is not None and cap.legs is not None:
+        unrecorded["legs"] = f"the source records legs={cap.legs}, legs_agree=" \
+            f"{cap.legs_agree}, and no per-leg tokens"
+        nondet = (not cap.legs_agree) if cap.legs_agree is not None else None
+    else:
+        unrecorded["legs"] = "the source records no repeated runs"
+    for field, why in (("spec", "imported: there is no capture spec"),
+                       ("environment", "the source records no environment"),
+                       ("logprobs", "the source records no logprobs"),
+                       ("run", "the source records no run of oracle-build")):
+        unrecorded.setdefault(field, why)
+    gate = GateSpec(kind="distributional" if nondet else "strict")
+    source = ImportRecord(format=fmt, path=str(path.resolve()), files=files,
+                          imported_utc=utc_now(), tool=tool_facts(),
+                          source_fields=source_fields,
+                          candidate=battery["candidate"] if battery else None)
+    return Golden(golden_schema=GOLDEN_SCHEMA, name=name, spec=None, oracle=oracle,
+                  model=model, engine=engine, environment=None, sampling=sampling,
+                  logprobs=None, batch=batch, legs=legs, nondeterministic=nondet,
+                  nondeterministic_cells=cells, gate=gate, prompts=prompts, run=None,
+                  source=source, unrecorded=unrecorded)
+
+
+def import_to(path: Path, out: Path, *, name: str | None = None) -> Path:
+    golden = import_path(path, name=name)
+    dest = out / golden.name / "golden.json"
+    publish(golden, dest, replace=False)
+    return dest
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def export(golden: Golden, golden_path: Path, dest: Path) -> Path:
+    """Write a battery and an attributed oracle.json for vllm.cpp's C++ tests."""
+    rec = recorded(golden, golden_path)
+    legs = golden.legs
+    if legs is None or not legs.agree:
+        raise Refused(f"{golden_path}: the legs disagree (or were not recorded); vllm.cpp's "
+                      "attributed contract needs legs_agree=true")
+    if dest.exists():
+        raise Refused(f"{dest} exists; export never overwrites")
+    resolved: dict[str, Any] = {}
+    for key in RESOLVED_20:
+        item = rec.engine.resolved.get(key)
+        value = getattr(item, "value", None) if item is not None else None
+        if key == "attention_backend" and value is None:
+            chosen = rec.engine.backends.get("attention")
+            value = getattr(chosen, "value", None)
+            value = ",".join(value) if isinstance(value, list) else value
+        if key == "quantization" and item is not None and hasattr(item, "value") and \
+                value is None:
+            value = "none"  # vLLM's None means unquantized; the contract forbids null here
+        if value is None and key not in NULLABLE_RESOLVED:
+            why = getattr(item, "unreadable", "null")
+            raise Refused(f"{golden_path}: engine.resolved.{key} has no value ({why}); the "
+                          "attributed contract needs it")
+        resolved[key] = value
+    n = len(golden.prompts)
+    t = max(len(p.token_ids) for p in golden.prompts)
+    ids = np.full((n, t), PAD, dtype=np.int32)
+    dist = np.full((n, t, legs.count), PAD, dtype=np.int32)
+    for i, p in enumerate(golden.prompts):
+        ids[i, : len(p.token_ids)] = p.token_ids
+        for j, leg in enumerate(legs.tokens):
+            dist[i, : len(leg[i]), j] = leg[i]
+    index = {p.id: i for i, p in enumerate(golden.prompts)}
+    ident = rec.oracle.identity
+    oracle_json = {
+        "vllm": ident.get("vllm"),
+        "transformers": ident.get("transformers"),
+        "flashinfer": ident.get("flashinfer") or "none",
+        "model": golden.model.path if golden.model else None,
+        "revision": (golden.model.revision if golden.model and golden.model.revision else
+                     (golden.model.files.get("model.safetensors", {}).get("sha256")
+                      if golden.model else None)),
+        "sampling": {"temperature": golden.sampling.get("temperature"),
+                     "max_tokens": golden.sampling.get("max_tokens")},
+        "capture": {
+            "schema": 2,
+            "generator": f"oracle-build {golden.run.tool.get('version') if golden.run else ''}"
+                         f" (golden {golden.name})",
+            "captured_utc": golden.run.created_utc if golden.run else None,
+            "host": (golden.run.host.get("hostname") if golden.run else None),
+            "engine_config_recorded": True,
+            "engine": {"profile": golden.name, "resolved": resolved,
+                       "torch": ident.get("torch"), "device": ident.get("device")},
+            "batch": {"shape": rec.batch.get("mode"),
+                      "prompts": [[index[pid] for pid in call] for call in rec.batch["calls"]]},
+            "legs": legs.count,
+            "legs_agree": True,
+        },
+        "golden": [{"prompt": p.text or "", "prompt_token_ids": p.prompt_token_ids,
+                    "token_ids": p.token_ids, "text": p.output_text or ""}
+                   for p in golden.prompts],
+    }
+    problems = attributed_problems(oracle_json)
+    if problems:  # never write a file that breaks the contract
+        raise Refused(f"{golden_path}: cannot satisfy vllm.cpp's attributed contract: "
+                      + "; ".join(f"{f}: {m}" for f, m in problems))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        np.save(tmp / "greedy_ids.npy", ids)
+        np.save(tmp / "greedy_dist.npy", dist)
+        for i, p in enumerate(golden.prompts):
+            (tmp / f"p{i}_prompt.i32").write_bytes(
+                np.asarray(p.prompt_token_ids, dtype="<i4").tobytes())
+        atomic_write_bytes(tmp / "oracle.json", dumps_json(oracle_json).encode())
+        tmp.rename(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def exported_json(dest: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((dest / "oracle.json").read_text())
+    return data
