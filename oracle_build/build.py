@@ -661,7 +661,7 @@ def publish(state: BuildState, ident: identity.Identity) -> identity.Identity:
     os.rename(p.staging_venv, p.venv)
     _fix_shebangs(p.venv, p.staging_venv)
     start = time.monotonic()
-    final = identity.check(p.pin, p.target, p.venv)
+    final = identity.relocated(p.pin, p.target, ident, p.staging_venv, p.venv)
     if not final.ok:  # never leave a venv in place that fails identity
         os.rename(p.venv, p.staging_venv)
         if replaced is not None:

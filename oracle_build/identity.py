@@ -242,6 +242,37 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None) -> I
     return ident
 
 
+LOCATE = ("import importlib.util, json, os, sys; s = importlib.util.find_spec('vllm'); "
+          "print(json.dumps([os.path.realpath(sys.prefix), "
+          "s and os.path.realpath(s.origin)]))")
+
+
+def relocated(pin: Pin, target: Target, ident: Identity, old: Path, new: Path) -> Identity:
+    """After a venv checked at ``old`` was renamed to ``new`` (same files, one atomic rename):
+    observe where its python now lives and where vllm now resolves (without importing it,
+    milliseconds), and carry the full facts over to the new path, compared again."""
+    out = subprocess.run([str(venv_python(new)), "-I", "-c", LOCATE], capture_output=True,
+                         text=True, cwd=tempfile.gettempdir(), env=oracle_env(target),
+                         check=False, timeout=120)
+    try:
+        prefix, origin = json.loads(out.stdout)
+    except (ValueError, TypeError):
+        prefix, origin = None, None
+    moved = json.loads(json.dumps(ident.facts).replace(os.path.realpath(old),
+                                                       os.path.realpath(new)))
+    result = Identity(venv=new, facts=moved, compiled_sm=ident.compiled_sm)
+    result.mismatches = compare(pin, target, new, moved)
+    if prefix != os.path.realpath(new):
+        result.mismatches.append(("sys.prefix (after the move)", os.path.realpath(new),
+                                  str(prefix)))
+    if origin != moved.get("modules", {}).get("vllm", {}).get("file"):
+        result.mismatches.append(("vllm_file (after the move)",
+                                  str(moved.get("modules", {}).get("vllm", {}).get("file")),
+                                  str(origin)))
+    result.facts["relocated_from"] = str(old)
+    return result
+
+
 def require(pin: Pin, target: Target, venv: Path, *, log: Path | None = None) -> Identity:
     ident = check(pin, target, venv, log=log)
     if not ident.ok:
