@@ -91,6 +91,27 @@ def module_facts(name):
     return facts
 
 
+def spec_facts(name, dist_name):
+    """Where a module resolves and its distribution's version, without importing it (a
+    transformers import alone costs seconds; identity needs its version and location)."""
+    import importlib.util
+    from importlib import metadata
+
+    start = time.monotonic()
+    try:
+        spec = importlib.util.find_spec(name)
+    except BaseException as exc:
+        return {"error": "%s: %s" % (type(exc).__name__, exc)}
+    if spec is None or not spec.origin:
+        return {"error": "ModuleNotFoundError: %s" % name}
+    try:
+        version = metadata.version(dist_name)
+    except metadata.PackageNotFoundError:
+        version = None
+    return {"version": version, "file": os.path.realpath(spec.origin), "imported": False,
+            "seconds": round(time.monotonic() - start, 3)}
+
+
 def extension_files(package_dir):
     out = []
     for root, _dirs, files in os.walk(package_dir):
@@ -151,9 +172,12 @@ def main(argv):
     facts["distributions"] = dists
     facts["duplicate_distributions"] = dups
     facts["modules"] = {}
-    for module in ("vllm", "torch", "transformers", "flashinfer"):
+    for module in ("vllm", "torch"):
         if module == "vllm" or any(MODULES.get(k) == module for k in dists):
             facts["modules"][module] = module_facts(module)
+    for module, dist in (("transformers", "transformers"), ("flashinfer", "flashinfer-python")):
+        if _canon(dist) in dists:
+            facts["modules"][module] = spec_facts(module, dist)
     vllm = facts["modules"].get("vllm", {})
     kernel = {"ok": False, "error": "vllm did not import"}
     if "error" not in vllm:

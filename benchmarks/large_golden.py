@@ -1,0 +1,42 @@
+"""Make a large synthetic golden (default 2,000 prompts x 256 tokens x top-20) from the
+committed tiny golden's records, for measuring verify's own overhead."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make(dest: Path, prompts: int = 2000, tokens: int = 256, k: int = 20) -> Path:
+    base = json.loads((REPO / "goldens" / "tiny-llama-greedy" / "golden.json").read_text())
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 300, size=(prompts, tokens, k))
+    lps = -np.sort(rng.exponential(1.0, size=(prompts, tokens, k)), axis=2)
+    recs = []
+    for i in range(prompts):
+        toks = ids[i, :, 0].tolist()
+        topk = [[[int(t), float(lp)] for t, lp in zip(ids[i, j], lps[i, j], strict=True)]
+                for j in range(tokens)]
+        recs.append({"id": f"p{i}", "text": None, "prompt_token_ids": [5, 6, 7, i % 300],
+                     "token_ids": toks, "output_text": "", "finish_reason": "length",
+                     "topk": topk})
+    base["prompts"] = recs
+    base["legs"]["tokens"] = [[r["token_ids"] for r in recs]] * 2
+    base["batch"]["calls"] = [[r["id"]] for r in recs]
+    base["spec"]["prompts"] = [{"id": r["id"], "token_ids": r["prompt_token_ids"],
+                                "text": None} for r in recs]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(base))
+    return dest
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python benchmarks/large_golden.py OUT/golden.json")
+    out = make(Path(sys.argv[1]))
+    print(out, out.stat().st_size)

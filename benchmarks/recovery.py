@@ -1,0 +1,190 @@
+"""Reimage recovery and overhead figures, measured in one run on this machine.
+
+    python benchmarks/recovery.py [--runs 3] [--skip-cold] [--with-pip] [--work DIR]
+
+(a) a cold build of the CPU oracle (empty wheelhouse: every wheel downloaded);
+(b) a rebuild from the wheelhouse (fresh home, wheelhouse kept);
+(c) the floor: a bare offline uv install of the same wheels into an empty venv;
+    (--with-pip: the same with pip, once, for the installer choice);
+(d) the identity check alone against a bare `import vllm` in the same venv;
+(e) verify's own overhead (load, validate, compare) on a large generated golden
+    (2,000 prompts x 256 tokens x top-20), and a real verify's wall time against the
+    engine's share of it.
+Prints medians and ratios; targets: (b) <= 1.3x (c); (d) <= 1.2x; (e) < 2 s and < 2%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from oracle_build import build, compare, identity  # noqa: E402
+from oracle_build.golden import load_golden  # noqa: E402
+from oracle_build.pins import load_pin  # noqa: E402
+from oracle_build.verify import records_complete, token_results  # noqa: E402
+
+PIN = REPO / "pins" / "cpu.toml"
+CLI = [sys.executable, "-m", "oracle_build"]
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.monotonic()
+    fn()
+    return time.monotonic() - start
+
+
+def run(argv: list[str], **kw: object) -> None:
+    subprocess.run(argv, check=True, cwd=REPO, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, **kw)  # type: ignore[call-overload]
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def fmt(xs: list[float]) -> str:
+    return f"median {median(xs):7.2f} s  (runs: {', '.join(f'{x:.2f}' for x in xs)})"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--skip-cold", action="store_true", help="skip (a), which downloads 1.3 GB")
+    ap.add_argument("--with-pip", action="store_true", help="also time pip for (c), once")
+    ap.add_argument("--work", type=Path, default=None)
+    args = ap.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="oracle-bench-"))
+    pin = load_pin(PIN)
+    target = pin.target("cpu")
+    wheelhouse = work / "wheelhouse"
+    results: dict[str, object] = {}
+    print(f"oracle-build recovery benchmark, pin {pin.key}, work {work}", flush=True)
+
+    # (a) cold build
+    if not args.skip_cold:
+        shutil.rmtree(wheelhouse, ignore_errors=True)
+        home = work / "home-cold"
+        a = timed(lambda: run([*CLI, "build", "--home", str(home), "--wheelhouse",
+                               str(wheelhouse)]))
+        results["a_cold_build_s"] = a
+        print(f"(a) cold build (download + install + identity): {a:7.2f} s (1 run)", flush=True)
+    else:
+        seed = build.default_wheelhouse(build.default_home()) / pin.key
+        if not seed.is_dir():
+            print("--skip-cold needs a filled default wheelhouse; run without it once")
+            return 2
+        shutil.copytree(seed, wheelhouse / pin.key, dirs_exist_ok=True)
+
+    # (b) rebuild from the wheelhouse
+    bs = []
+    for n in range(args.runs):
+        home = work / f"home-b{n}"
+        bs.append(timed(lambda home=home: run([*CLI, "build", "--home", str(home),  # type: ignore[misc]
+                                               "--wheelhouse", str(wheelhouse)])))
+        record = json.loads((build.oracle_path(home, pin) / "oracle-build" /
+                             "build-record.json").read_text())
+        assert record["origin"] == "wheelhouse", record["origin"]
+        if n:
+            shutil.rmtree(home)
+    print(f"(b) rebuild from the wheelhouse:               {fmt(bs)}", flush=True)
+    oracle_venv = build.oracle_path(work / "home-b0", pin)
+
+    # (c) the floor: bare offline uv install of the same wheels
+    req = work / "req.txt"
+    req.write_text("".join(e.requirement_line() + "\n" for e in pin.require_lock()))
+    env = {**build.scrubbed_env(), **build.uv_env()}
+    cs = []
+    for n in range(args.runs):
+        venv = work / f"floor{n}"
+
+        def floor(venv: Path = venv) -> None:
+            run([build.uv(), "venv", "--python", "3.11", "--no-project", str(venv)], env=env)
+            run([build.uv(), "pip", "install", "--python", str(venv / "bin/python"),
+                 "--offline", "--no-index", "--find-links", str(wheelhouse / pin.key),
+                 "--no-deps", "--require-hashes", "-r", str(req)], env=env)
+
+        cs.append(timed(floor))
+        shutil.rmtree(venv)
+    print(f"(c) floor: bare offline uv install:             {fmt(cs)}", flush=True)
+    print(f"    ratio (b)/(c): {median(bs) / median(cs):.2f}x  (target <= 1.3x)", flush=True)
+    results.update(b_rebuild_s=bs, c_floor_s=cs, b_over_c=median(bs) / median(cs))
+    if args.with_pip:
+        venv = work / "pipfloor"
+
+        def pip_floor() -> None:
+            run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+            run([sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install",
+                 "--no-index", "--find-links", str(wheelhouse / pin.key), "--no-deps",
+                 "--require-hashes", "-r", str(req)])
+
+        p = timed(pip_floor)
+        results["c_pip_s"] = p
+        print(f"(c') the same with pip: {p:7.2f} s (1 run); pip/uv {p / median(cs):.1f}x",
+              flush=True)
+
+    # (d) identity alone vs a bare import of vllm in the same venv
+    ds, bare = [], []
+    neutral = Path(tempfile.mkdtemp(prefix="neutral-"))
+    for _ in range(args.runs):
+        bare.append(timed(lambda: run([str(oracle_venv / "bin/python"), "-I", "-c",
+                                       "import vllm"], cwd=neutral)))
+        ds.append(timed(lambda: identity.check(pin, target, oracle_venv)))
+    print(f"(d) identity check (probe):                    {fmt(ds)}", flush=True)
+    print(f"    bare `import vllm`:                        {fmt(bare)}", flush=True)
+    print(f"    ratio: {median(ds) / median(bare):.2f}x  (target <= 1.2x)", flush=True)
+    results.update(d_identity_s=ds, d_bare_import_s=bare,
+                   d_ratio=median(ds) / median(bare))
+
+    # (e) verify's own overhead on a large golden, and a real verify's engine share
+    from benchmarks.large_golden import make
+
+    large = make(work / "large" / "golden.json")
+    es = []
+    for _ in range(args.runs):
+        def overhead() -> None:
+            g = load_golden(large)
+            from oracle_build.golden import recorded
+
+            rec = recorded(g, large)
+            records_complete(rec, large)
+            same = [{"prompt_token_ids": p.prompt_token_ids, "token_ids": p.token_ids,
+                     "topk": p.topk} for p in g.prompts]
+            compare.summarize(token_results(g, same, g.gate.band_nats))
+
+        es.append(timed(overhead))
+    size = large.stat().st_size / 1e6
+    print(f"(e) verify overhead, 2000x256xtop-20 ({size:.0f} MB): {fmt(es)}  (target < 2 s)",
+          flush=True)
+    log = work / "verify.json"
+    start = time.monotonic()
+    with log.open("w") as fh:
+        subprocess.run([*CLI, "verify", "goldens/tiny-llama-greedy", "--json", "--home",
+                        str(work / "home-b0")], cwd=REPO, stdout=fh,
+                       stderr=subprocess.DEVNULL, check=True)
+    wall = time.monotonic() - start
+    logs = sorted((work / "home-b0" / "logs").glob("verify-*.log"))
+    engine_wall = float(logs[-1].read_text().rsplit("# exit 0 after ", 1)[1].split("s")[0])
+    small = timed(lambda: load_golden(REPO / "goldens/tiny-llama-greedy/golden.json"))
+    print(f"    a real verify (tiny golden): wall {wall:.2f} s, engine {engine_wall:.2f} s, "
+          f"load+validate+compare {small:.3f} s = {100 * small / wall:.2f}% of wall "
+          "(target < 2%)", flush=True)
+    results.update(e_large_overhead_s=es, e_verify_wall_s=wall, e_engine_s=engine_wall)
+    (work / "results.json").write_text(json.dumps(results, indent=2))
+    print(f"figures: {work / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,74 @@
+"""The wheelhouse: keyed by the pin, every wheel hash-checked, tampering refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from oracle_build import build
+from oracle_build.errors import BadInput
+from oracle_build.pins import load_pin
+from oracle_build.wheelhouse import Wheelhouse
+from tests.conftest import CPU_PIN, BuiltOracle
+
+pytestmark = pytest.mark.slow
+
+
+def linked_copy(src: Path, dest: Path) -> None:
+    """A hard-linked copy (no 1.3 GB of copying); files are replaced, never edited."""
+    dest.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file():
+            os.link(f, dest / f.name)
+
+
+def record(venv: Path) -> dict[str, object]:
+    data: dict[str, object] = json.loads(
+        (venv / "oracle-build" / "build-record.json").read_text())
+    return data
+
+
+def test_rebuild_installs_the_same_set_and_tampered_wheel_is_refused(
+        cpu_oracle: BuiltOracle, tmp_path: Path) -> None:
+    pin = cpu_oracle.pin
+    wh_root = tmp_path / "wh"
+    linked_copy(cpu_oracle.wheelhouse / pin.key, wh_root / pin.key)
+    victim = next(p for p in (wh_root / pin.key).glob("mdurl-*.whl"))
+    tampered = victim.with_suffix(".tmp")
+    tampered.write_bytes(victim.read_bytes()[:-10] + b"0123456789")
+    tampered.replace(victim)  # a new inode: the shared wheelhouse is untouched
+    home = tmp_path / "home"
+    outcome = build.build_oracle(pin, "cpu", home=home, wheelhouse_root=wh_root)
+    assert outcome.identity.ok
+    rejected = list((wh_root / pin.key / "rejected").iterdir())
+    assert [r.name.split(".whl")[0] for r in rejected] == [victim.name.split(".whl")[0]]
+    rec = record(build.oracle_path(home, pin))
+    assert rec["origin"] == "fetched"  # the refused wheel was downloaded again
+    first = record(cpu_oracle.venv)
+    assert rec["distributions"] == first["distributions"]  # same names, versions, sha256
+    # and once the wheelhouse is whole again, a rebuild is offline and from it alone
+    again = build.build_oracle(pin, "cpu", home=tmp_path / "home2", wheelhouse_root=wh_root)
+    assert again.identity.ok
+    assert record(build.oracle_path(tmp_path / "home2", pin))["origin"] == "wheelhouse"
+
+
+def test_another_pins_wheelhouse_is_not_used(cpu_oracle: BuiltOracle, tmp_path: Path) -> None:
+    other = tmp_path / "cpu.toml"
+    other.write_text(CPU_PIN.read_text().replace("memory_floor_gib = 4.0",
+                                                 "memory_floor_gib = 6.0"))
+    shutil.copy2(CPU_PIN.parent / "cpu.lock.txt", tmp_path / "cpu.lock.txt")
+    pin_b = load_pin(other)
+    assert pin_b.key != cpu_oracle.pin.key
+    wh_b = Wheelhouse.for_pin(cpu_oracle.wheelhouse, pin_b)
+    assert wh_b.root != cpu_oracle.wheelhouse / cpu_oracle.pin.key
+    # B's folder gets A's manifest: refused, naming the pin it belongs to
+    linked_copy(cpu_oracle.wheelhouse / cpu_oracle.pin.key, tmp_path / "whb" / pin_b.key)
+    forged = Wheelhouse.for_pin(tmp_path / "whb", pin_b)
+    with pytest.raises(BadInput) as info:
+        forged.find(pin_b.require_lock()[0])
+    assert info.value.problems[0][0] == "pin_hash"
+    assert cpu_oracle.pin.key in info.value.message
