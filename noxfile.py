@@ -66,6 +66,13 @@ def compare(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def explain(session: nox.Session) -> None:
+    """Find which setting moves a divergent token (`-- GOLDEN --vary dtype=float32,bfloat16
+    --budget N`)."""
+    _cli(session, "explain")
+
+
+@nox.session(python=PYTHON)
 def lock(session: nox.Session) -> None:
     """Regenerate a pin's hash-locked dependency list (`-- --pin pins/cpu.toml`)."""
     _cli(session, "lock")

@@ -11,12 +11,14 @@ HERE = Path(__file__).parent
 
 def generated() -> dict[str, dict[str, Any]]:
     from oracle_build.candidate import Candidate
+    from oracle_build.explain import ExplainReport
     from oracle_build.golden import Golden
     from oracle_build.verify import VerifyReport
 
     return {"golden.schema.json": Golden.model_json_schema(by_alias=True, mode="validation"),
             "verify-report.schema.json": VerifyReport.model_json_schema(mode="validation"),
-            "candidate.schema.json": Candidate.model_json_schema(mode="validation")}
+            "candidate.schema.json": Candidate.model_json_schema(mode="validation"),
+            "explain.schema.json": ExplainReport.model_json_schema(mode="validation")}
 
 
 def write() -> list[Path]:
