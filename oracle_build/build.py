@@ -8,6 +8,7 @@ and tests assert on the sm_121 / sm_110 plans that only a GPU host can run.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -646,12 +647,18 @@ def build_record(state: BuildState, ident: identity.Identity) -> dict[str, Any]:
 
 
 def publish(state: BuildState, ident: identity.Identity) -> identity.Identity:
+    """Write the record into the staging venv, then rename it into place: the rename is the
+    commit point. A venv at the oracle path without a build record is never the oracle."""
     p = state.plan
     publish_start = time.monotonic()
     record = build_record(state, ident)
     rec_dir = p.staging_venv / RECORD_DIR
     rec_dir.mkdir(parents=True, exist_ok=True)
+    moved = json.loads(json.dumps(record).replace(os.path.realpath(p.staging_venv),
+                                                  os.path.realpath(p.venv)))
+    shutil.copy2(p.log, rec_dir / "build.log")
     atomic_write_json(rec_dir / "identity.json", ident.facts)
+    atomic_write_json(rec_dir / "build-record.json", moved)
     replaced: Path | None = None
     p.venv.parent.mkdir(parents=True, exist_ok=True)
     if p.venv.exists() or p.venv.is_symlink():
@@ -667,15 +674,14 @@ def publish(state: BuildState, ident: identity.Identity) -> identity.Identity:
         if replaced is not None:
             os.rename(replaced, p.venv)
         raise IdentityMismatch(final.mismatches, where=f"{p.venv} (after the move)")
-    record["identity"] = final.summary()
-    record["timings"]["identity (final path)"] = round(time.monotonic() - start, 3)
-    record["timings"]["publish"] = round(time.monotonic() - publish_start, 3)
-    record["timings"]["total"] = round(sum(  # steps only; the final identity is in publish
-        v for k, v in record["timings"].items() if k not in ("total", "identity (final path)")),
+    moved["identity"] = final.summary()
+    moved["timings"]["identity (final path)"] = round(time.monotonic() - start, 3)
+    moved["timings"]["publish"] = round(time.monotonic() - publish_start, 3)
+    moved["timings"]["total"] = round(sum(  # steps only; the final identity is in publish
+        v for k, v in moved["timings"].items() if k not in ("total", "identity (final path)")),
         3)
-    shutil.copy2(p.log, p.venv / RECORD_DIR / "build.log")
     atomic_write_json(p.venv / RECORD_DIR / "identity.json", final.facts)
-    atomic_write_json(p.venv / RECORD_DIR / "build-record.json", record)
+    atomic_write_json(p.venv / RECORD_DIR / "build-record.json", moved)
     if replaced is not None:
         shutil.rmtree(replaced, ignore_errors=True)
     shutil.rmtree(p.staging, ignore_errors=True)
@@ -722,7 +728,8 @@ def run(p: Plan) -> identity.Identity:
                 elif step.action == "install_built":
                     install_built(state, step)
                 elif step.action == "identity":
-                    ident = identity.check(p.pin, p.target, p.staging_venv, log=p.log)
+                    ident = identity.check(p.pin, p.target, p.staging_venv, log=p.log,
+                                           staged=True)
                     if not ident.ok:
                         raise IdentityMismatch(ident.mismatches, where=str(p.staging_venv))
                 elif step.action == "publish":
@@ -757,6 +764,13 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
     venv = oracle_path(home, pin)
     target = pin.target(target_name)
     with held(home / "locks" / f"{pin.key}.lock", what=f"build_oracle {pin.key}", wait=wait):
+        if venv.is_dir() and not venv.is_symlink() and not (
+                venv / RECORD_DIR / "build-record.json").exists():
+            aside = home / "incomplete" / f"{pin.key}.{int(time.time())}"
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(venv, aside)
+            say(f"{venv} has no build record (an interrupted publish?): it is not the oracle; "
+                f"moved to {aside} and building again")
         if (venv.exists() or venv.is_symlink()) and not rebuild:
             say(f"oracle already at {venv}; re-checking its identity")
             ident = identity.check(pin, target, venv)

@@ -208,6 +208,10 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
         for lk in locks:
             lk.__enter__()
         try:
+            for job in group:  # another capture may have published while we waited
+                if job.golden_path.exists() and not replace:
+                    raise Refused(f"{job.golden_path} was published by another capture while "
+                                  "this one waited; a golden is never overwritten")
             start = time.monotonic()
             assert lead.model_path is not None and lead.args is not None
             result = engine.run_driver(oracle, lead.model_path, lead.args,

@@ -18,6 +18,7 @@ from oracle_build import build, identity, proc, tinymodel
 from oracle_build.errors import EngineFailed, ModelMismatch, OracleMissing, PreflightFailed
 from oracle_build.files import load_json, sha256_file
 from oracle_build.golden import ModelRecord, ModelSpec
+from oracle_build.locks import held
 from oracle_build.log import say
 from oracle_build.pins import Pin, Target
 from oracle_build.targets import meminfo
@@ -128,7 +129,11 @@ def run_driver(oracle: Oracle, model_path: Path, args: dict[str, Any],
     request = {"model": str(model_path), "engine_args": args, "runs": runs}
     env = identity.oracle_env(oracle.target, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     log.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="oracle-driver-") as tmp:
+    # One engine at a time per oracle home: two engines can exhaust a host's memory (GB10's
+    # unified memory included). A second capture/verify/explain waits here and says so.
+    engine_lock = held(oracle.venv.parent.parent / "locks" / "engine.lock",
+                       what="a vLLM engine")
+    with engine_lock, tempfile.TemporaryDirectory(prefix="oracle-driver-") as tmp:
         req = Path(tmp) / "request.json"
         out = Path(tmp) / "result.json"
         req.write_text(json.dumps(request))

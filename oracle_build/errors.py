@@ -23,6 +23,7 @@ EXIT_UNESTABLISHED = 10  # a pin value the step needs is recorded as unestablish
 EXIT_NOT_HERE = 11  # verify: golden's target is not this host (records still checked)
 EXIT_ENGINE = 12  # the vLLM engine failed to start or to generate (log tail shown)
 EXIT_MODEL = 13  # the model's files are not the ones the spec or golden pins
+EXIT_OUTPUT = 14  # an output could not be written (read-only folder, disk full); nothing partial
 EXIT_INTERRUPTED = 130
 
 
@@ -134,3 +135,8 @@ class EngineFailed(OracleBuildError):
 class ModelMismatch(OracleBuildError):
     exit_code = EXIT_MODEL
     label = "model mismatch"
+
+
+class OutputFailed(OracleBuildError):
+    exit_code = EXIT_OUTPUT
+    label = "cannot write output"

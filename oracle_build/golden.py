@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from oracle_build.errors import BadInput, Refused
+from oracle_build.errors import BadInput, OutputFailed, Refused
 from oracle_build.files import (
     atomic_write_bytes,
     dumps_json,
@@ -399,6 +399,15 @@ def publish(golden: Golden, path: Path, *, replace: bool) -> Path | None:
     """Write ``golden`` to ``path`` atomically. Never overwrites: with ``replace`` the old
     file is first moved to replaced/<name>.<utc>.json and kept. Returns where it went."""
     data = golden_json(golden).encode()
+    try:
+        return _publish(data, path, replace=replace)
+    except OSError as exc:
+        raise OutputFailed(f"cannot write {path}: {exc.strerror or exc}; nothing was written "
+                           "(the golden is published whole or not at all)",
+                           hint="check the folder's permissions and free space") from None
+
+
+def _publish(data: bytes, path: Path, *, replace: bool) -> Path | None:
     kept: Path | None = None
     if path.exists():
         if not replace:

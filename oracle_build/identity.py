@@ -228,10 +228,16 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any]) -> list
     return bad
 
 
-def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None) -> Identity:
+def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
+          staged: bool = False) -> Identity:
+    """Probe ``venv``. Outside staging a venv without build_oracle's record is incomplete
+    (an interrupted publish, or a venv made by hand) and never passes."""
     facts = run_probe(venv, target, log=log)
     ident = Identity(venv=venv, facts=facts)
     ident.mismatches = compare(pin, target, venv, facts)
+    if not staged and not (venv / "oracle-build" / "build-record.json").exists():
+        ident.mismatches.append(("build record", f"{venv}/oracle-build/build-record.json",
+                                 "missing: not a venv build_oracle completed"))
     if target.device == "cuda":
         libs = [e["path"] for e in facts.get("extensions", [])]
         ident.compiled_sm = cuobjdump_sm(libs)

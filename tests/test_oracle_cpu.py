@@ -76,16 +76,21 @@ def test_target_mismatch(cpu_oracle: BuiltOracle) -> None:
     assert ("machine", "aarch64", "x86_64") in bad
 
 
-def test_scratch_copy_passes(cpu_oracle: BuiltOracle, scratch_venv: Path) -> None:
-    ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"), scratch_venv)
-    assert ident.ok, ident.mismatches
+def test_scratch_copy_passes_only_as_staged(cpu_oracle: BuiltOracle,
+                                            scratch_venv: Path) -> None:
+    target = cpu_oracle.pin.target("cpu")
+    ident = identity.check(cpu_oracle.pin, target, scratch_venv, staged=True)
+    assert ident.ok, ident.mismatches  # the same files pass the probe...
+    ident = identity.check(cpu_oracle.pin, target, scratch_venv)
+    assert [f for f, _e, _g in ident.mismatches] == ["build record"]  # ...but no record
+    assert identity.OK_LINE not in ident.block()
 
 
 def test_other_version_of_pinned_package(cpu_oracle: BuiltOracle, scratch_venv: Path) -> None:
     subprocess.run([build.uv(), "pip", "install", "--python", str(scratch_venv / "bin/python"),
                     "--no-deps", "transformers==5.18.0"], check=True, capture_output=True,
                    env={**build.scrubbed_env(), **build.uv_env()})
-    ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"), scratch_venv)
+    ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"), scratch_venv, staged=True)
     assert ("transformers (installed)", "5.19.0", "5.18.0") in ident.mismatches
     assert ("transformers.__version__", "5.19.0", "5.18.0") in ident.mismatches
     assert identity.OK_LINE not in ident.block()
@@ -98,7 +103,7 @@ def test_foreign_vllm_earlier_on_path(cpu_oracle: BuiltOracle, scratch_venv: Pat
     (fake / "vllm" / "__init__.py").write_text('__version__ = "0.32.0"\n')
     site = next((scratch_venv / "lib").glob("python3.*/site-packages"))
     (site / "aaa_shadow.pth").write_text(f"import sys; sys.path.insert(0, {str(fake)!r})\n")
-    ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"), scratch_venv)
+    ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"), scratch_venv, staged=True)
     assert {"vllm_file", "sys.path", "compiled kernel"} <= fields(ident)
 
 
@@ -117,7 +122,7 @@ def test_venv_through_symlink(cpu_oracle: BuiltOracle, scratch_venv: Path,
                               tmp_path: Path) -> None:
     link = tmp_path / "oracle-link"
     link.symlink_to(scratch_venv)
-    ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"), link)
+    ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"), link, staged=True)
     assert [(f, g) for f, _e, g in ident.mismatches] == [
         ("venv_path", f"a symlink to {scratch_venv}")]
     assert identity.OK_LINE not in ident.block()
@@ -127,7 +132,7 @@ def test_venv_through_symlink(cpu_oracle: BuiltOracle, scratch_venv: Path,
     scratch_venv.rename(real_home / "venv")
     (tmp_path / "home-link").symlink_to(real_home)
     ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"),
-                           tmp_path / "home-link" / "venv")
+                           tmp_path / "home-link" / "venv", staged=True)
     assert [f for f, _e, _g in ident.mismatches] == ["venv_path"]
     assert "reached through a symlink" in ident.mismatches[0][2]
     (real_home / "venv").rename(scratch_venv)
@@ -137,29 +142,24 @@ def test_missing_compiled_extension(cpu_oracle: BuiltOracle, scratch_venv: Path)
     site = next((scratch_venv / "lib").glob("python3.*/site-packages"))
     for so in (site / "vllm").glob("_C*.so"):
         so.unlink()
-    ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"), scratch_venv)
+    ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"), scratch_venv, staged=True)
     assert "compiled kernel" in fields(ident)
     assert identity.OK_LINE not in ident.block()
 
 
 def test_drift_is_reported_not_replaced_then_rebuild(cpu_oracle: BuiltOracle,
-                                                     scratch_venv: Path,
                                                      tmp_path: Path) -> None:
     home = tmp_path / "home"
+    args = ["build", "--pin", str(CPU_PIN), "--home", str(home), "--wheelhouse",
+            str(cpu_oracle.wheelhouse)]
+    assert main(args) == 0  # a real oracle, from the wheelhouse
     venv = build.oracle_path(home, cpu_oracle.pin)
-    venv.parent.mkdir(parents=True)
-    # A real oracle venv in place whose transformers then drifts.
-    scratch_venv.rename(venv)
     subprocess.run([build.uv(), "pip", "install", "--python", str(venv / "bin/python"),
                     "--no-deps", "transformers==5.18.0"], check=True, capture_output=True,
                    env={**build.scrubbed_env(), **build.uv_env()})
-    code = main(["build", "--pin", str(CPU_PIN), "--home", str(home), "--wheelhouse",
-                 str(cpu_oracle.wheelhouse)])
-    assert code == IdentityMismatch([], where="").exit_code == 3
+    assert main(args) == IdentityMismatch([], where="").exit_code == 3  # reported...
     assert (venv / "lib/python3.11/site-packages/transformers-5.18.0.dist-info").exists()
-    code = main(["build", "--pin", str(CPU_PIN), "--home", str(home), "--wheelhouse",
-                 str(cpu_oracle.wheelhouse), "--rebuild"])
-    assert code == 0
+    assert main([*args, "--rebuild"]) == 0  # ...and replaced only when asked
     record = json.loads((venv / "oracle-build" / "build-record.json").read_text())
     assert record["origin"] == "wheelhouse"
     assert {d["name"]: d["version"] for d in record["distributions"]}["transformers"] == "5.19.0"

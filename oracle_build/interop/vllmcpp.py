@@ -137,8 +137,9 @@ def attributed_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
 def _load_npy(path: Path, ndim: int) -> np.ndarray:
     try:
         arr = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise BadInput(path, f"not a readable .npy array ({exc})") from None
+    except Exception as exc:  # a corrupt header fails in numpy's parser in many ways
+        raise BadInput(path, [("<file>", f"not a readable .npy array "
+                               f"({type(exc).__name__}: {exc})"[:300])]) from None
     if not np.issubdtype(arr.dtype, np.integer):
         raise BadInput(path, [("dtype", f"expected an integer array, found {arr.dtype}")])
     if arr.ndim != ndim:
