@@ -8,6 +8,7 @@ disagree stop the publish unless a non-deterministic golden is asked for.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from oracle_build import engine
-from oracle_build.errors import Refused
+from oracle_build.errors import OutputFailed, Refused
 from oracle_build.files import sha256_bytes, sha256_file
 from oracle_build.golden import (
     GOLDEN_SCHEMA,
@@ -158,6 +159,19 @@ def golden_from(job: Job, oracle: engine.Oracle, result: dict[str, Any], run: di
     )
 
 
+def writable_or_refuse(folder: Path) -> None:
+    """Before any engine starts: the golden's folder can be created and written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"x")
+        probe.unlink()
+    except OSError as exc:
+        raise OutputFailed(f"cannot write goldens to {folder}: {exc.strerror or exc}",
+                           hint="check the folder's permissions, mount and free space; "
+                           "nothing was run") from None
+
+
 def golden_lock(home: Path, golden: Path) -> Path:
     digest = sha256_bytes(str(golden.resolve()).encode())[:16]
     return home / "locks" / f"golden-{digest}.lock"
@@ -180,6 +194,7 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
         if job.golden_path.exists() and not replace:
             raise Refused(f"{job.golden_path} exists; a golden is never overwritten",
                           hint="--replace writes a new one and keeps the old under replaced/")
+        writable_or_refuse(job.golden_path.parent)
     oracles: dict[tuple[str, str], engine.Oracle] = {}
     for job in jobs:
         key = (job.pin.key, job.target_name)

@@ -100,3 +100,18 @@ def copy_tree_for_golden(tmp_path: Path, name: str = "tiny-llama-greedy") -> Pat
     shutil.copy2(TINY_SPEC / "spec.toml", dest / "spec.toml")
     shutil.copy2(TINY_SPEC / "golden.json", dest / "golden.json")
     return dest
+
+
+def reliability(section: str, case: str) -> None:
+    """Count a fault case survived, for the README's Reliability figures
+    (written only when ORACLE_BUILD_RELIABILITY_OUT names a file)."""
+    import json
+
+    dest = os.environ.get("ORACLE_BUILD_RELIABILITY_OUT")
+    if not dest:
+        return
+    path = Path(dest)
+    data = json.loads(path.read_text()) if path.exists() else {}
+    bucket = data.setdefault(section, {})
+    bucket[case] = bucket.get(case, 0) + 1
+    path.write_text(json.dumps(data, indent=2))
