@@ -23,8 +23,10 @@ def _cli(session: nox.Session, *args: str) -> None:
 
 @nox.session(python=PYTHON)
 def build_oracle(session: nox.Session) -> None:
-    """Build the pinned oracle venv for this host and print ORACLE_IDENTITY_OK
-    (`-- --pin P --target T --dry-run --rebuild --mirror M --externals D`)."""
+    """Build the pinned oracle and print ORACLE_IDENTITY_OK (`-- --pin P --target T --dry-run`).
+
+    Also: --rebuild, --mirror M, --externals D, --home H, --wheelhouse W.
+    """
     _cli(session, "build")
 
 
@@ -36,8 +38,10 @@ def identity(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def capture(session: nox.Session) -> None:
-    """Run the oracle and write goldens (`-- goldens/NAME ... --replace --out DIR`); with no
-    spec, the embedded default into a fresh folder under the oracle home."""
+    """Capture goldens (`-- goldens/NAME ... [--replace] [--out DIR]`; none: embedded default).
+
+    With no spec, the embedded default is captured into a fresh folder under the oracle home.
+    """
     _cli(session, "capture")
 
 
@@ -67,8 +71,7 @@ def compare(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def explain(session: nox.Session) -> None:
-    """Find which setting moves a divergent token (`-- GOLDEN --vary dtype=float32,bfloat16
-    --budget N`)."""
+    """Find which setting moves a divergent token (`-- GOLDEN [--vary S=V1,V2] [--budget N]`)."""
     _cli(session, "explain")
 
 
@@ -80,8 +83,7 @@ def lock(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """Run the test suite, slow tests (real venvs, real vLLM engine) included
-    (`-- -m "not slow"` for the fast ones only)."""
+    """Run the tests, slow ones included (`-- -m "not slow"` for the fast ones only)."""
     session.install("-e", ".[test]")
     session.run("pytest", *session.posargs)
 

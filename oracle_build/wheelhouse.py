@@ -70,7 +70,7 @@ class Wheelhouse:
     def find(self, entry: LockEntry) -> Path | None:
         """The wheel for ``entry`` if present and its bytes match the lock; else None."""
         data = self.manifest()
-        for filename, info in data["wheels"].items():
+        for filename, info in list(data["wheels"].items()):
             if wheel_key(filename) != (entry.key, entry.version):
                 continue
             path: Path = self.root / filename
@@ -88,7 +88,7 @@ class Wheelhouse:
     def find_built(self, distribution: str, version: str) -> Path | None:
         """A wheel this pin's build produced earlier, verified against the manifest."""
         data = self.manifest()
-        for filename, info in data["wheels"].items():
+        for filename, info in list(data["wheels"].items()):
             if info.get("origin") != "built":
                 continue
             if wheel_key(filename) != (canonicalize_name(distribution), version):
