@@ -29,6 +29,14 @@ from oracle_build.files import (
 )
 
 SPEC_SCHEMA = 1
+# The configuration a golden must carry as resolved by the engine (BRIEF section 5; also
+# vllm.cpp's attributed contract).
+RESOLVED_KEYS = (
+    "attention_backend", "block_size", "cudagraph_capture_sizes", "cudagraph_mode",
+    "compilation_mode", "dtype", "enable_chunked_prefill", "enable_prefix_caching",
+    "enforce_eager", "gpu_memory_utilization", "kv_cache_dtype", "max_model_len",
+    "max_num_batched_tokens", "max_num_seqs", "moe_backend", "num_gpu_blocks",
+    "num_gpu_blocks_override", "quantization", "seed", "tensor_parallel_size")
 GOLDEN_SCHEMA = 1
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 MAX_TOKEN_ID = 2**31 - 1

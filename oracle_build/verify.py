@@ -27,6 +27,7 @@ from oracle_build.errors import (
     IdentityMismatch,
 )
 from oracle_build.golden import (
+    RESOLVED_KEYS,
     Golden,
     ModelSpec,
     OracleRecord,
@@ -40,12 +41,7 @@ from oracle_build.meta import utc_now
 from oracle_build.pins import Pin, load_pin
 from oracle_build.targets import detect_host, fits
 
-REQUIRED_RESOLVED = (
-    "attention_backend", "block_size", "cudagraph_capture_sizes", "cudagraph_mode",
-    "compilation_mode", "dtype", "enable_chunked_prefill", "enable_prefix_caching",
-    "enforce_eager", "gpu_memory_utilization", "kv_cache_dtype", "max_model_len",
-    "max_num_batched_tokens", "max_num_seqs", "moe_backend", "num_gpu_blocks",
-    "num_gpu_blocks_override", "quantization", "seed", "tensor_parallel_size")
+REQUIRED_RESOLVED = RESOLVED_KEYS
 IDENTITY_FIELDS = ("vllm", "torch", "transformers", "flashinfer", "device")
 REPORT_SCHEMA = 1
 

@@ -30,6 +30,7 @@ from oracle_build.errors import BadInput, Refused
 from oracle_build.files import atomic_write_bytes, dumps_json, load_json, sha256_file, validate
 from oracle_build.golden import (
     GOLDEN_SCHEMA,
+    RESOLVED_KEYS,
     SAFE_NAME,
     EngineRecord,
     GateSpec,
@@ -47,12 +48,7 @@ from oracle_build.golden import (
 from oracle_build.meta import tool_facts, utc_now
 
 LEGACY_KEYS = {"vllm", "transformers", "flashinfer", "model", "revision", "sampling", "golden"}
-RESOLVED_20 = (
-    "attention_backend", "block_size", "cudagraph_capture_sizes", "cudagraph_mode",
-    "compilation_mode", "dtype", "enable_chunked_prefill", "enable_prefix_caching",
-    "enforce_eager", "gpu_memory_utilization", "kv_cache_dtype", "max_model_len",
-    "max_num_batched_tokens", "max_num_seqs", "moe_backend", "num_gpu_blocks",
-    "num_gpu_blocks_override", "quantization", "seed", "tensor_parallel_size")
+RESOLVED_20 = RESOLVED_KEYS
 NULLABLE_RESOLVED = {"num_gpu_blocks_override"}
 PAD = -1
 
