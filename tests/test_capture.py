@@ -194,3 +194,32 @@ def test_default_capture_never_touches_committed_golden(tmp_path: Path) -> None:
         os.chdir(cwd)
     assert (TINY_SPEC / "golden.json").read_bytes() == before
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_shared_configuration_means_one_engine_start(cpu_oracle: BuiltOracle, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
+    specs = []
+    for name in ("alpha", "beta"):
+        folder = tmp_path / "specs" / name
+        folder.mkdir(parents=True)
+        text = (TINY_SPEC / "spec.toml").read_text()
+        text = text.replace('name = "tiny-llama-greedy"', f'name = "{name}"')
+        text = text.replace('pin = "../../pins/cpu.toml"', f'pin = "{REPO / "pins/cpu.toml"}"')
+        if name == "beta":
+            text = text.replace("max_tokens = 24", "max_tokens = 12")  # sampling, not engine
+        (folder / "spec.toml").write_text(text)
+        specs.append(folder)
+    out = tmp_path / "out"
+    written = capture(specs, home=cpu_oracle.home, out=out)
+    err = capsys.readouterr().err
+    assert [p.parent.name for p in written] == ["alpha", "beta"]
+    assert err.count("==> engine") == 1 and "==> engine 1/1: alpha, beta" in err
+    assert [len(p.token_ids) for p in load_golden(written[1]).prompts] == [12, 12, 12]
+    from oracle_build.verify import verify
+
+    report = verify(written, home=cpu_oracle.home)
+    err = capsys.readouterr().err
+    assert [v.status for v in report.goldens] == ["pass", "pass"]
+    assert err.count("==> engine") == 1

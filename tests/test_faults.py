@@ -94,7 +94,7 @@ def test_capture_killed_at_every_point_leaves_no_golden(cpu_oracle: BuiltOracle,
             leftovers = list(folder.iterdir()) if folder.exists() else []
             assert not leftovers, leftovers  # no partial or temporary file
             reliability("kill points survived",
-                        f"capture {marker.strip('=> ')} +{delay:.0f}s "
+                        f"capture {marker.strip('=> ')} +{delay:g}s "
                         f"{'SIGKILL' if sig == signal.SIGKILL else 'SIGINT'}")
     assert main(args) == 0  # the next run completes normally
     assert (out / "tiny-llama-greedy" / "golden.json").exists()

@@ -240,6 +240,7 @@ def test_fuzz_cli_import_never_half_writes(data: st.DataObject) -> None:
     TRIED["cli import"] += 1
     code = main(["import", str(src), "--out", str(out)])
     assert code in (0, 2)
+    OUTCOMES[f"cli import: {'BadInput' if code == 2 else 'loaded'}"] += 1
     written = list(out.rglob("*")) if out.exists() else []
     if code == 2:
         assert not [w for w in written if w.is_file()]
