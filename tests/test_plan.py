@@ -116,3 +116,35 @@ def test_configure_log_arch_parse() -> None:
     assert build.configure_arches(log) == {
         "CUDA supported target architectures": "7.5;8.0;8.9;9.0;10.0;11.0;12.0;12.1",
         "CUDA target architectures": "12.1"}
+
+
+def test_build_preflight_disk_and_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from oracle_build.errors import PreflightFailed
+    from tests.conftest import CPU_PIN
+
+    pin = load_pin(CPU_PIN)
+    monkeypatch.setenv("ORACLE_BUILD_MIN_FREE_GIB", "1000000")
+    p = build.plan(pin, "cpu", home=tmp_path / "h", wheelhouse_root=tmp_path / "w")
+    with pytest.raises(PreflightFailed, match=r"GiB free at .*, the build needs 1000000\.0 GiB"):
+        build.run(p)
+    assert not build.oracle_path(tmp_path / "h", pin).exists()
+    monkeypatch.delenv("ORACLE_BUILD_MIN_FREE_GIB")
+    odd = tmp_path / "odd.toml"
+    odd.write_text(CPU_PIN.read_text().replace('python = "3.11"', 'python = "3.99"'))
+    (tmp_path / "cpu.lock.txt").write_text((CPU_PIN.parent / "cpu.lock.txt").read_text())
+    p = build.plan(load_pin(odd), "cpu", home=tmp_path / "h2", wheelhouse_root=tmp_path / "w")
+    with pytest.raises(PreflightFailed, match=r"no Python 3\.99 on this host"):
+        build.run(p)
+
+
+def test_engine_memory_floor_gives_both_numbers() -> None:
+    from oracle_build.engine import memory_preflight
+    from oracle_build.errors import PreflightFailed
+    from oracle_build.pins import Target
+
+    huge = Target(device="cpu", machine="x86_64", memory_floor_gib=4096)
+    with pytest.raises(PreflightFailed) as info:
+        memory_preflight(huge)
+    assert "below this target's floor of 4096.0 GiB" in info.value.message
+    assert "host memory available is" in info.value.message
+    assert memory_preflight(Target(device="cpu", machine="x86_64", memory_floor_gib=0.5))
