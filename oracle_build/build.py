@@ -182,10 +182,6 @@ def wheel_build_env(pin: Pin, target: Target, plan_externals: dict[str, str]) ->
     return env
 
 
-def lock_install_entries(pin: Pin) -> list[LockEntry]:
-    return list(pin.require_lock()) if pin.lock_entries is not None else []
-
-
 def plan(
     pin: Pin,
     target_name: str,

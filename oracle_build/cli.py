@@ -343,6 +343,15 @@ def cmd_capture(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_home_args(p: argparse.ArgumentParser, *, with_json: bool = True,
+                   json_help: str = "print the result as JSON") -> None:
+    """The options every engine-running command shares."""
+    if with_json:
+        p.add_argument("--json", action="store_true", help=json_help)
+    p.add_argument("--home", help="oracle home (env ORACLE_BUILD_HOME)")
+    p.add_argument("--wheelhouse", help=argparse.SUPPRESS)
+
+
 def _add_pin_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pin", help="pin file (default: the pin under ./pins with a target for "
                    "this host; env ORACLE_BUILD_PIN)")
@@ -416,8 +425,7 @@ def parser() -> argparse.ArgumentParser:
                    help="publish even if the legs disagree, marked non-deterministic (never "
                    "usable for a strict gate)")
     c.add_argument("--target", help="pin target (default: detected)")
-    c.add_argument("--home", help="oracle home (env ORACLE_BUILD_HOME)")
-    c.add_argument("--wheelhouse", help=argparse.SUPPRESS)
+    _add_home_args(c, with_json=False)
     c.set_defaults(func=cmd_capture)
 
     v = sub.add_parser(
@@ -430,10 +438,8 @@ def parser() -> argparse.ArgumentParser:
         "modifies a golden.", epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("goldens", nargs="*", help="golden folders or golden.json files")
-    v.add_argument("--json", action="store_true", help="machine-readable report "
+    _add_home_args(v, json_help="machine-readable report "
                    "(schema: oracle_build/schemas/verify-report.schema.json)")
-    v.add_argument("--home", help="oracle home (env ORACLE_BUILD_HOME)")
-    v.add_argument("--wheelhouse", help=argparse.SUPPRESS)
     v.set_defaults(func=cmd_verify)
 
     mg = sub.add_parser("margin", help="teacher-forced top-k and top-2 margin at one position",
@@ -448,9 +454,7 @@ def parser() -> argparse.ArgumentParser:
     mg.add_argument("position", type=int)
     mg.add_argument("--candidate", help="candidate output file (see `compare`)")
     mg.add_argument("-k", type=int, default=20, help="top-k (default 20)")
-    mg.add_argument("--json", action="store_true")
-    mg.add_argument("--home", help="oracle home (env ORACLE_BUILD_HOME)")
-    mg.add_argument("--wheelhouse", help=argparse.SUPPRESS)
+    _add_home_args(mg)
     mg.set_defaults(func=cmd_margin)
 
     dt = sub.add_parser("determinism", help="K legs of a golden's (or spec's) configuration "
@@ -459,9 +463,7 @@ def parser() -> argparse.ArgumentParser:
                         + EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     dt.add_argument("source", help="golden folder/json, or spec folder/toml")
     dt.add_argument("--legs", type=int, default=5)
-    dt.add_argument("--json", action="store_true")
-    dt.add_argument("--home", help="oracle home (env ORACLE_BUILD_HOME)")
-    dt.add_argument("--wheelhouse", help=argparse.SUPPRESS)
+    _add_home_args(dt)
     dt.set_defaults(func=cmd_determinism)
 
     cp = sub.add_parser("compare", help="offline: another engine's output against a golden",
@@ -520,9 +522,7 @@ def parser() -> argparse.ArgumentParser:
     xp.add_argument("--pin", help="for an unrecorded golden: the pin of the oracle to run")
     xp.add_argument("--model", help="for an unrecorded golden: the model folder")
     xp.add_argument("--out", help="where to write the record (default: HOME/explain/...)")
-    xp.add_argument("--json", action="store_true")
-    xp.add_argument("--home", help="oracle home (env ORACLE_BUILD_HOME)")
-    xp.add_argument("--wheelhouse", help=argparse.SUPPRESS)
+    _add_home_args(xp)
     xp.set_defaults(func=cmd_explain)
 
     sc = sub.add_parser("schema", help="regenerate the committed JSON Schemas "

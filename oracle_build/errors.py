@@ -82,14 +82,6 @@ class IdentityMismatch(OracleBuildError):
         super().__init__("\n".join(lines), hint=hint)
 
 
-class ConfigDifference(OracleBuildError):
-    exit_code = EXIT_CONFIG_DIFF
-    label = "configuration difference"
-
-
-class TokenDrift(OracleBuildError):
-    exit_code = EXIT_DRIFT
-    label = "token drift"
 
 
 class BuildFailed(OracleBuildError):
@@ -121,10 +113,6 @@ class Unestablished(OracleBuildError):
     exit_code = EXIT_UNESTABLISHED
     label = "unestablished pin value"
 
-
-class NotVerifiableHere(OracleBuildError):
-    exit_code = EXIT_NOT_HERE
-    label = "not verifiable here"
 
 
 class EngineFailed(OracleBuildError):

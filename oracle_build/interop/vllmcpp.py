@@ -17,7 +17,6 @@ source's own reasons, and the source files' sha256 are kept as provenance.
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -465,7 +464,3 @@ def export(golden: Golden, golden_path: Path, dest: Path) -> Path:
         raise
     return dest
 
-
-def exported_json(dest: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((dest / "oracle.json").read_text())
-    return data
