@@ -3,22 +3,52 @@
 
 `nox` with no arguments runs the main job on the embedded default: build the
 CPU oracle (or re-check its identity), then verify the bundled golden.
+
+No session names a Python: the harness runs on whatever Python >= 3.11 nox runs on
+(3.12 on Ubuntu 24.04 / DGX OS 7). The oracle venv's Python is the pin's, and its absence
+is the build's preflight error (exit 6), never a skipped session. Every session ends with
+the command's own exit code (0 pass, 1 drift, 2 bad input, 3 identity, 4 configuration...),
+not nox's blanket 1.
 """
 
 from __future__ import annotations
+
+import sys
 
 import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["build_oracle", "verify"]
+# A session pinned to an absent interpreter is skipped with exit 0 by default: a gate host
+# would "pass" without doing anything. Never.
+nox.options.error_on_missing_interpreters = True
 
-PYTHON = "3.11"
+PYTHON = None  # the interpreter nox runs on
+MIN_PYTHON = (3, 11)
+EXIT_PREFLIGHT = 6
+
+
+def _run(session: nox.Session, *args: str) -> None:
+    """Run a command; a failure ends nox with that command's exit code."""
+    try:
+        session.run(*args)
+    except nox.command.CommandFailed as exc:
+        raise SystemExit(exc.return_code or 1) from None
+
+
+def _harness(session: nox.Session, *install: str) -> None:
+    if sys.version_info < MIN_PYTHON:
+        session.log(f"oracle-build's harness needs Python >= 3.11; nox runs on "
+                    f"{sys.version.split()[0]}: run nox with a newer Python "
+                    "(`pipx run --python python3.12 nox`, `uvx -p 3.12 nox`)")
+        raise SystemExit(EXIT_PREFLIGHT)
+    session.install(*install)
 
 
 def _cli(session: nox.Session, *args: str) -> None:
-    session.install("-e", ".")
-    session.run("python", "-m", "oracle_build", *args, *session.posargs)
+    _harness(session, "-e", ".")
+    _run(session, "python", "-m", "oracle_build", *args, *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -84,13 +114,13 @@ def lock(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """Run the tests, slow ones included (`-- -m "not slow"` for the fast ones only)."""
-    session.install("-e", ".[test]")
-    session.run("pytest", *session.posargs)
+    _harness(session, "-e", ".[test]")
+    _run(session, "pytest", *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff and mypy --strict over the package."""
-    session.install("-e", ".[dev]")
-    session.run("ruff", "check", "oracle_build", "tests", "noxfile.py")
-    session.run("mypy")
+    _harness(session, "-e", ".[dev]")
+    _run(session, "ruff", "check", "oracle_build", "tests", "noxfile.py", "benchmarks")
+    _run(session, "mypy")

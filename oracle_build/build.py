@@ -362,9 +362,11 @@ def preflight(p: Plan) -> dict[str, Any]:
                      **uv_env()}, capture=True, check=False, echo=False)
     if found.returncode != 0:
         raise PreflightFailed(
-            f"no Python {p.pin.model.python} on this host (the pin needs it)",
-            hint=f"install python{p.pin.model.python} (e.g. apt-get install "
-                 f"python{p.pin.model.python}-venv)")
+            f"no Python {p.pin.model.python} on this host: pin {p.pin.id} builds its oracle "
+            f"venv with python{p.pin.model.python} (the harness itself may run on another)",
+            hint=f"install python{p.pin.model.python}: `uv python install "
+                 f"{p.pin.model.python}`, `pyenv install {p.pin.model.python}`, or the "
+                 f"distribution's python{p.pin.model.python}-venv package")
     facts["python"] = found.output.strip()
     mem = meminfo().get("MemAvailable")
     facts["mem_available_bytes"] = mem
