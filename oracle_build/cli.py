@@ -14,14 +14,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from oracle_build import __version__
-from oracle_build.errors import (
+from oracle_build.core.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     OracleBuildError,
     OracleMissing,
     PreflightFailed,
 )
-from oracle_build.log import say
+from oracle_build.core.log import say
 
 EXIT_CODES_HELP = """exit codes:
   0  success (ORACLE_IDENTITY_OK / verify passed)
@@ -46,8 +46,8 @@ PINS_DIR = Path("pins")
 
 def _find_default_pin() -> Path:
     """The pin under ./pins that has a target for this host (GPU pins first)."""
-    from oracle_build.pins import load_pin
-    from oracle_build.targets import detect_host, fits
+    from oracle_build import host
+    from oracle_build.contracts.pins import load_pin
 
     env = os.environ.get("ORACLE_BUILD_PIN")
     if env:
@@ -55,12 +55,12 @@ def _find_default_pin() -> Path:
     if not PINS_DIR.is_dir():
         raise PreflightFailed("no --pin given and no ./pins folder",
                               hint="run from the repository, or pass --pin FILE")
-    host = detect_host()
+    here = host.host()
     candidates: list[tuple[int, Path]] = []
     for path in sorted(PINS_DIR.glob("*.toml")):
         pin = load_pin(path)
         for target in pin.model.targets.values():
-            if fits(target, host)[0]:
+            if host.fits(target, here)[0]:
                 candidates.append((0 if target.device != "cpu" else 1, path))
                 break
     if not candidates:
@@ -71,8 +71,8 @@ def _find_default_pin() -> Path:
 
 
 def _pin_and_target(args: argparse.Namespace, *, plan_only: bool = False) -> tuple[object, str]:
-    from oracle_build.pins import load_pin
-    from oracle_build.targets import choose_target, detect_host
+    from oracle_build import host
+    from oracle_build.contracts.pins import load_pin
 
     pin_path = Path(args.pin) if args.pin else _find_default_pin()
     pin = load_pin(pin_path)
@@ -80,13 +80,13 @@ def _pin_and_target(args: argparse.Namespace, *, plan_only: bool = False) -> tup
         if args.target:
             pin.target(args.target)
             return pin, args.target
-        return pin, choose_target(pin, detect_host()) if len(pin.model.targets) != 1 \
+        return pin, host.choose_target(pin, host.host()) if len(pin.model.targets) != 1 \
             else next(iter(pin.model.targets))
-    return pin, choose_target(pin, detect_host(), args.target)
+    return pin, host.choose_target(pin, host.host(), args.target)
 
 
 def _homes(args: argparse.Namespace) -> tuple[Path, Path]:
-    from oracle_build.build import default_home, default_wheelhouse
+    from oracle_build.core.layout import default_home, default_wheelhouse
 
     home = Path(args.home).expanduser().resolve() if args.home else default_home()
     wheelhouse = (Path(args.wheelhouse).expanduser().resolve() if args.wheelhouse
@@ -96,7 +96,7 @@ def _homes(args: argparse.Namespace) -> tuple[Path, Path]:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from oracle_build import build
-    from oracle_build.pins import Pin
+    from oracle_build.contracts.pins import Pin
 
     pin, target = _pin_and_target(args, plan_only=args.dry_run)
     assert isinstance(pin, Pin)
@@ -106,18 +106,17 @@ def cmd_build(args: argparse.Namespace) -> int:
     ext_dir = Path(externals).resolve() if externals else None
     if args.dry_run:
         p = build.plan(pin, target, home=home, wheelhouse_root=wheelhouse, mirror=mirror,
-                       externals_dir=ext_dir)
+                       externals_dir=ext_dir,
+                       checkout=Path(args.checkout).resolve() if args.checkout else None)
         if args.json:
-            print(json.dumps({"resolved": p.resolved(), "steps": [
-                {"name": s.name, "about": s.about, "blocked_by": s.blocked_by,
-                 "commands": [{"argv": c.argv, "env": c.env, "unset": list(c.unset),
-                               "cwd": c.cwd} for c in s.commands]} for s in p.steps]},
-                indent=2))
+            print(json.dumps(p.as_dict(), indent=2))
         else:
             print(p.render())
         return EXIT_OK
     outcome = build.build_oracle(pin, target, home=home, wheelhouse_root=wheelhouse,
-                                 mirror=mirror, externals_dir=ext_dir, rebuild=args.rebuild,
+                                 mirror=mirror, externals_dir=ext_dir,
+                                 checkout=Path(args.checkout).resolve() if args.checkout else None,
+                                 rebuild=args.rebuild,
                                  wait=not args.no_wait)
     _print_identity(outcome.identity, args.json)
     if not outcome.built:
@@ -136,14 +135,15 @@ def _print_identity(ident: object, as_json: bool) -> None:
 
 
 def cmd_identity(args: argparse.Namespace) -> int:
-    from oracle_build import build, identity
-    from oracle_build.errors import IdentityMismatch
-    from oracle_build.pins import Pin
+    from oracle_build import identity
+    from oracle_build.contracts.pins import Pin
+    from oracle_build.core.errors import IdentityMismatch
+    from oracle_build.core.layout import oracle_path
 
     pin, target = _pin_and_target(args)
     assert isinstance(pin, Pin)
     home, _ = _homes(args)
-    venv = Path(args.venv) if args.venv else build.oracle_path(home, pin)
+    venv = Path(args.venv) if args.venv else oracle_path(home, pin.key)
     if not (venv.exists() or venv.is_symlink()):
         raise OracleMissing(f"no oracle for pin {pin.id} at {venv}",
                             hint="run `nox -s build_oracle` first")
@@ -155,27 +155,31 @@ def cmd_identity(args: argparse.Namespace) -> int:
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    from oracle_build.lock import generate_lock
+    from oracle_build.build.lock import generate_lock
 
     generate_lock(Path(args.pin))
     return EXIT_OK
 
 
 def cmd_externals(args: argparse.Namespace) -> int:
-    from oracle_build.source import scan_externals
+    import platform
 
-    for ext in scan_externals(Path(args.checkout)):
-        print("[[externals]]")
-        print(f'name = "{ext["name"]}"')
-        print(f'repository = "{ext["repository"]}"')
-        print('src_dir_var = "?"  # the *_SRC_DIR variable named in that cmake file')
-        print(f'commit = "{ext["commit"]}"')
-        print(f'source = "{ext["source"]}"\n')
+    from oracle_build.build.checkout import externals_block
+    from oracle_build.core.errors import EXIT_UNESTABLISHED
+
+    block = externals_block(Path(args.checkout), device=args.device,
+                            machine=args.machine or platform.machine(),
+                            mirrors=Path(args.externals) if args.externals else None)
+    print(block.toml, end="")
+    if block.missing:
+        say("still unestablished (the build refuses them until filled):\n  "
+            + "\n  ".join(block.missing))
+        return EXIT_UNESTABLISHED
     return EXIT_OK
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from oracle_build import schemas
+    from oracle_build.contracts import schemas
 
     for path in schemas.write():
         print(path)
@@ -183,7 +187,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from oracle_build.verify import render, verify
+    from oracle_build.commands.verify import verify
+    from oracle_build.report import render
 
     home, _ = _homes(args)
     report = verify([Path(p) for p in args.goldens], home=home)
@@ -195,7 +200,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_margin(args: argparse.Namespace) -> int:
-    from oracle_build.analyze import margin
+    from oracle_build.commands.analyze import margin
 
     home, _ = _homes(args)
     report = margin(Path(args.golden), args.prompt, args.position, home=home,
@@ -220,7 +225,7 @@ def cmd_margin(args: argparse.Namespace) -> int:
 
 
 def cmd_determinism(args: argparse.Namespace) -> int:
-    from oracle_build.analyze import determinism
+    from oracle_build.commands.analyze import determinism
 
     home, _ = _homes(args)
     report = determinism(Path(args.source), home=home, legs=args.legs)
@@ -238,15 +243,16 @@ def cmd_determinism(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from oracle_build import compare
-    from oracle_build.candidate import compare_candidate, load_candidate
-    from oracle_build.golden import load_golden
+    from oracle_build import judge
+    from oracle_build.commands.compare import compare_candidate
+    from oracle_build.contracts.candidate import load_candidate
+    from oracle_build.contracts.golden import load_golden
 
     golden = load_golden(Path(args.golden))
     cand_path = Path(args.candidate)
     results = compare_candidate(golden, load_candidate(cand_path), cand_path)
-    summary = compare.summarize(results)
-    passed = compare.gate_passes(golden.gate.kind, results)
+    summary = judge.summarize(results)
+    passed = judge.gate_passes(golden.gate.kind, results)
     if args.json:
         print(json.dumps({"golden": args.golden, "candidate": args.candidate,
                           "results": [r.as_dict() for r in results],
@@ -275,11 +281,10 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from oracle_build.golden import load_golden
+    from oracle_build.contracts.golden import golden_file, load_golden
     from oracle_build.interop.vllmcpp import export
 
-    path = Path(args.golden)
-    path = path / "golden.json" if path.is_dir() else path
+    path = golden_file(Path(args.golden))
     dest = export(load_golden(path), path, Path(args.dir))
     say(f"exported {path} -> {dest} (vllm.cpp battery + attributed oracle.json)")
     print(dest)
@@ -287,7 +292,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from oracle_build.explain import explain, parse_vary
+    from oracle_build.commands.explain import explain, parse_vary
 
     home, _ = _homes(args)
     report, dest = explain(Path(args.golden), home=home,
@@ -320,9 +325,8 @@ DEFAULT_SPEC = Path("goldens/tiny-llama-greedy")
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
-    import time
-
-    from oracle_build.capture import capture
+    from oracle_build.commands.capture import capture
+    from oracle_build.core.layout import captures_dir
 
     home, _ = _homes(args)
     out = Path(args.out).resolve() if args.out else None
@@ -332,7 +336,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
         # with no arguments writes a fresh one under the oracle home instead.
         paths = [DEFAULT_SPEC]
         if out is None and (DEFAULT_SPEC / "golden.json").exists() and not args.replace:
-            out = home / "captures" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            out = captures_dir(home)
             say(f"no spec given: capturing the embedded default {DEFAULT_SPEC} into {out} "
                 "(its committed golden is never overwritten)")
     written = capture(paths, home=home, replace=args.replace,
@@ -384,6 +388,9 @@ def parser() -> argparse.ArgumentParser:
                    "mirror/clone folder or a .bundle file (env ORACLE_BUILD_VLLM_MIRROR)")
     b.add_argument("--externals", help="folder holding a local git mirror of each CMake "
                    "external, named as in the pin (env ORACLE_BUILD_EXTERNALS)")
+    b.add_argument("--checkout", help="a vLLM checkout at the pinned commit to plan from: its "
+                   "externals, precompiled switches, build requirements and Rust front end "
+                   "are read now (the build reads them again from its own clone)")
     b.add_argument("--rebuild", action="store_true",
                    help="replace the oracle even if one is in place (e.g. after drift)")
     b.add_argument("--dry-run", action="store_true",
@@ -403,9 +410,22 @@ def parser() -> argparse.ArgumentParser:
     lk.add_argument("--pin", required=True)
     lk.set_defaults(func=cmd_lock)
 
-    ex = sub.add_parser("externals", help="print the CMake externals a vLLM checkout declares, "
-                        "as pin TOML, to fill a pin's [[externals]]")
+    ex = sub.add_parser(
+        "externals", help="print the CMake externals a vLLM checkout fetches for a target, as "
+        "the pin's [[externals]] block",
+        description="Reads the checkout's CMakeLists.txt and cmake/ as CMake would for the "
+        "device and machine (include() followed, if() evaluated, set() resolved) and prints "
+        "every FetchContent external with its repository, tag or commit, and the *_SRC_DIR "
+        "variable it honours. A tag is resolved to its commit in --externals MIRRORS/<name>. "
+        "Exit 0 when every commit is established, 10 when some are not (listed on stderr).",
+        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     ex.add_argument("--checkout", required=True, help="a vLLM checkout at the pinned commit")
+    ex.add_argument("--device", choices=["cuda", "cpu", "rocm"], default="cuda",
+                    help="the build's device (default cuda)")
+    ex.add_argument("--machine", choices=["x86_64", "aarch64"],
+                    help="the build host's machine (default: this host's)")
+    ex.add_argument("--externals", metavar="MIRRORS",
+                    help="folder of local git mirrors, one per external, named as printed")
     ex.set_defaults(func=cmd_externals)
 
     c = sub.add_parser(
@@ -439,7 +459,7 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("goldens", nargs="*", help="golden folders or golden.json files")
     _add_home_args(v, json_help="machine-readable report "
-                   "(schema: oracle_build/schemas/verify-report.schema.json)")
+                   "(schema: oracle_build/contracts/schemas/verify-report.schema.json)")
     v.set_defaults(func=cmd_verify)
 
     mg = sub.add_parser("margin", help="teacher-forced top-k and top-2 margin at one position",

@@ -1,7 +1,8 @@
-"""Running the oracle's engine: model files, engine arguments, the in-venv driver.
-
-Shared by capture, verify, margin, determinism and explain. One call to
-``run_driver`` is one engine start; every run in the request shares it.
+"""Running the oracle's engine, for every command that does (capture, verify, margin,
+determinism, explain): the oracle opened with its identity checked, the model resolved and
+its files' hashes enforced, the engine arguments, the run requests, the grouping of runs
+that share one engine configuration, and one ``EngineSession`` per engine start (memory
+preflight, the one-engine-per-home lock, the driver, the result parsed).
 """
 
 from __future__ import annotations
@@ -9,23 +10,40 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oracle_build import build, identity, proc, tinymodel
-from oracle_build.errors import EngineFailed, ModelMismatch, OracleMissing, PreflightFailed
-from oracle_build.files import load_json, sha256_file
-from oracle_build.golden import ModelRecord, ModelSpec
-from oracle_build.locks import held
-from oracle_build.log import say
-from oracle_build.pins import Pin, Target
-from oracle_build.targets import meminfo
+from oracle_build import host, identity, tinymodel
+from oracle_build.contracts.golden import (
+    BackendValue,
+    EngineRecord,
+    ModelRecord,
+    ReadValue,
+    Recorded,
+    Unreadable,
+)
+from oracle_build.contracts.pins import Pin, Target
+from oracle_build.contracts.spec import ModelSpec, SamplingSpec, Spec
+from oracle_build.core import layout
+from oracle_build.core.env import RECORDED_PREFIXES
+from oracle_build.core.errors import (
+    EngineFailed,
+    IdentityMismatch,
+    ModelMismatch,
+    OracleMissing,
+    PreflightFailed,
+)
+from oracle_build.core.filelock import held
+from oracle_build.core.files import load_json, sha256_file
+from oracle_build.core.log import say
+from oracle_build.oracle_venv import OracleVenv
 
-DRIVER = Path(__file__).parent / "inside" / "driver.py"
 MODEL_FILE_GLOBS = ("*.json", "*.safetensors", "*.bin", "*.model", "*.txt", "*.tiktoken")
 BACKEND_LOG = re.compile(r"Using (?:the )?([A-Za-z0-9_]+) (?:attention )?backend", re.I)
+
+
+# ----------------------------------------------------------------------------- the oracle
 
 
 @dataclass(frozen=True)
@@ -33,43 +51,63 @@ class Oracle:
     pin: Pin
     target_name: str
     target: Target
-    venv: Path
+    venv: OracleVenv
     identity: identity.Identity
     build_record_sha256: str
 
 
-def open_oracle(pin: Pin, target_name: str, home: Path) -> Oracle:
-    """The pin's built oracle, its identity re-checked (refuses one that is not the pin's)."""
-    venv = build.oracle_path(home, pin)
+def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True) -> Oracle:
+    """The pin's built oracle with its identity re-checked. ``require``: refuse one that is
+    not the pin's (IdentityMismatch); otherwise the caller reads ``identity.ok``."""
+    venv = OracleVenv(layout.oracle_path(home, pin.key))
     if not venv.exists():
-        raise OracleMissing(f"no oracle for pin {pin.id} at {venv}",
+        raise OracleMissing(f"no oracle for pin {pin.id} at {venv.path}",
                             hint="run `nox -s build_oracle` first")
     target = pin.target(target_name)
-    say(f"checking oracle identity: {venv}")
-    ident = identity.require(pin, target, venv)
-    record = venv / build.RECORD_DIR / "build-record.json"
-    if not record.exists():
-        raise OracleMissing(f"{venv} has no build record; it was not made by build_oracle",
-                            hint="`nox -s build_oracle -- --rebuild`")
-    return Oracle(pin, target_name, target, venv, ident, sha256_file(record))
+    say(f"checking oracle identity: {venv.path}")
+    ident = identity.check(pin, target, venv.path)
+    if require and not ident.ok:
+        raise IdentityMismatch(ident.mismatches, where=str(venv.path),
+                               hint="`build_oracle -- --rebuild` replaces a drifted oracle")
+    digest = sha256_file(venv.record_path) if venv.has_record() else ""
+    return Oracle(pin, target_name, target, venv, ident, digest)
 
 
-def memory_preflight(target: Target) -> int | None:
-    available = meminfo().get("MemAvailable")
-    floor = int(target.memory_floor_gib * 2**30)
-    if available is not None and available < floor:
-        raise PreflightFailed(
-            f"host memory available is {available / 2**30:.1f} GiB, below this target's floor "
-            f"of {target.memory_floor_gib:.1f} GiB: starting the engine could exhaust memory",
-            hint="stop other work on the host, or lower the pin target's memory_floor_gib "
-            "knowingly")
-    return available
+@dataclass
+class Oracles:
+    """The oracles one command uses, each opened (identity checked) once."""
+
+    home: Path
+    opened: dict[tuple[str, str], Oracle] = field(default_factory=dict)
+
+    def get(self, pin: Pin, target_name: str, *, require: bool = True) -> Oracle:
+        key = (pin.key, target_name)
+        if key not in self.opened:
+            self.opened[key] = open_oracle(pin, target_name, self.home, require=False)
+        oracle = self.opened[key]
+        if require and not oracle.identity.ok:
+            raise IdentityMismatch(oracle.identity.mismatches, where=str(oracle.venv.path),
+                                   hint="`build_oracle -- --rebuild` replaces a drifted "
+                                   "oracle")
+        return oracle
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def hub_cache() -> Path:
+    """The Hugging Face hub cache: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]) / "hub"
+    return Path.home() / ".cache" / "huggingface" / "hub"
 
 
 def resolve_model(spec: ModelSpec, base: Path, home: Path) -> tuple[Path, ModelRecord]:
     """The model folder and its record: every file hashed, pinned hashes enforced."""
     if spec.generate:
-        path = home / "models" / spec.generate
+        path = layout.model_dir(home, spec.generate)
         tinymodel.generate(path)
         source = f"generated:{spec.generate}"
     elif spec.path:
@@ -77,8 +115,8 @@ def resolve_model(spec: ModelSpec, base: Path, home: Path) -> tuple[Path, ModelR
         source = f"path:{spec.path}"
     else:
         assert spec.repo_id and spec.revision
-        hub = Path(os.environ.get("HF_HUB_CACHE") or Path.home() / ".cache/huggingface/hub")
-        path = hub / f"models--{spec.repo_id.replace('/', '--')}" / "snapshots" / spec.revision
+        path = (hub_cache() / f"models--{spec.repo_id.replace('/', '--')}" / "snapshots"
+                / spec.revision)
         source = f"hub:{spec.repo_id}@{spec.revision}"
     if not path.is_dir():
         raise PreflightFailed(f"model folder {path} not found",
@@ -112,6 +150,16 @@ def resolve_model(spec: ModelSpec, base: Path, home: Path) -> tuple[Path, ModelR
     return path, record
 
 
+def recorded_model(rec: Recorded, golden_path: Path, home: Path) -> Path:
+    """The model folder a recorded golden names, its pinned hashes enforced."""
+    path, _record = resolve_model(ModelSpec.model_validate(rec.spec.get("model", {})),
+                                  golden_path.parent, home)
+    return path
+
+
+# ----------------------------------------------------------------------------- requests
+
+
 def engine_args(requested: dict[str, Any], target: Target) -> dict[str, Any]:
     """The spec's arguments over the target's defaults. On CPU the KV cache is always
     bounded: left alone, vLLM's CPU engine takes most of the host's memory."""
@@ -123,35 +171,147 @@ def engine_args(requested: dict[str, Any], target: Target) -> dict[str, Any]:
     return args
 
 
-def run_driver(oracle: Oracle, model_path: Path, args: dict[str, Any],
-               runs: list[dict[str, Any]], *, log: Path) -> dict[str, Any]:
-    """One engine start; every run in ``runs``. Returns the driver's result."""
-    request = {"model": str(model_path), "engine_args": args, "runs": runs}
-    env = identity.oracle_env(oracle.target, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
-    log.parent.mkdir(parents=True, exist_ok=True)
-    # One engine at a time per oracle home: two engines can exhaust a host's memory (GB10's
-    # unified memory included). A second capture/verify/explain waits here and says so.
-    engine_lock = held(oracle.venv.parent.parent / "locks" / "engine.lock",
-                       what="a vLLM engine")
-    with engine_lock, tempfile.TemporaryDirectory(prefix="oracle-driver-") as tmp:
-        req = Path(tmp) / "request.json"
-        out = Path(tmp) / "result.json"
-        req.write_text(json.dumps(request))
-        res = proc.run([str(identity.venv_python(oracle.venv)), "-I", str(DRIVER), str(req),
-                        str(out)], env=env, cwd=Path(tmp), log=log, check=False,
-                       what="vLLM engine")
-        if not out.exists():
-            raise EngineFailed(f"the driver exited with {res.returncode} and wrote no result; "
-                               f"log: {log}\n" + _tail(log))
-        result: dict[str, Any] = json.loads(out.read_text())
-    if not result.get("ok"):
-        raise EngineFailed(f"{result.get('error')}\n  log: {log}\n"
-                           + "\n".join("    | " + ln for ln in
-                                       str(result.get("traceback", "")).splitlines()[-8:]))
-    result["log_backends"] = sorted(set(BACKEND_LOG.findall(log.read_text(errors="replace"))))
-    return result
+def run_from_spec(spec: Spec, *, legs: int | None = None) -> dict[str, Any]:
+    """One run of a spec: its prompts, generate() calls, legs and sampling."""
+    prompts = [{"token_ids": p.token_ids} if p.token_ids is not None else {"text": p.text}
+               for p in spec.prompts]
+    return {"name": spec.name, "prompts": prompts, "calls": spec.calls(),
+            "legs": legs if legs is not None else spec.legs,
+            "sampling": spec.sampling.vllm_kwargs(spec.logprobs)}
+
+
+def run_from_golden(rec: Recorded, *, legs: int = 1) -> dict[str, Any]:
+    """One run under a golden's recorded prompts, batch composition and sampling."""
+    golden = rec.golden
+    spec_prompts = {p["id"]: p for p in rec.spec.get("prompts", [])}
+    prompts = []
+    for p in golden.prompts:
+        sp = spec_prompts.get(p.id, {})
+        prompts.append({"text": sp["text"]} if sp.get("text") is not None
+                       else {"token_ids": list(p.prompt_token_ids)})
+    index = {p.id: i for i, p in enumerate(golden.prompts)}
+    calls = [[index[pid] for pid in call] for call in rec.batch["calls"]]
+    sampling = SamplingSpec.model_validate(rec.spec.get("sampling", {}))
+    return {"name": golden.name, "prompts": prompts, "calls": calls, "legs": legs,
+            "sampling": sampling.vllm_kwargs(rec.logprobs)}
+
+
+def config_key(oracle: Oracle, model_path: Path, args: dict[str, Any]) -> str:
+    """Runs whose keys are equal share one engine start."""
+    return json.dumps([oracle.pin.key, oracle.target_name, str(model_path), args],
+                      sort_keys=True, default=str)
+
+
+# ----------------------------------------------------------------------------- one engine
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """The driver's answer for one engine start."""
+
+    raw: dict[str, Any]
+    args: dict[str, Any]
+    log: Path
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.raw.get("ok"))
+
+    @property
+    def error(self) -> str:
+        return str(self.raw.get("error"))
+
+    def require(self) -> EngineResult:
+        if not self.ok:
+            raise EngineFailed(f"{self.raw.get('error')}\n  log: {self.log}\n"
+                               + "\n".join("    | " + ln for ln in
+                                           str(self.raw.get("traceback", "")).splitlines()[-8:]))
+        return self
+
+    @property
+    def runs(self) -> list[dict[str, Any]]:
+        runs: list[dict[str, Any]] = self.raw["runs"]
+        return runs
+
+    @property
+    def start_seconds(self) -> float:
+        return float(self.raw.get("engine_start_seconds") or 0.0)
+
+    @property
+    def environment(self) -> dict[str, str]:
+        return dict(self.raw.get("env", {}))
+
+    @property
+    def environment_set_by_engine(self) -> dict[str, str]:
+        return dict(self.raw.get("env_after_import", {}))
+
+    def engine_record(self) -> EngineRecord:
+        """The configuration the engine resolved, read back from it (never the request)."""
+        result = self.raw
+        resolved: dict[str, ReadValue | Unreadable] = {}
+        for key, item in result["resolved_after"].items():
+            resolved[key] = (Unreadable(**item) if "unreadable" in item
+                             else ReadValue.model_validate(item))
+        resolved["torch_threads"] = ReadValue.model_validate(
+            {"value": result.get("torch_threads"), "from": "torch.get_num_threads()"})
+        backends: dict[str, BackendValue | Unreadable] = {}
+        log_names = result.get("log_backends") or []
+        for kind in ("attention", "moe"):
+            item = result["backends"][kind]
+            if "unreadable" in item:
+                backends[kind] = Unreadable(**item)
+            else:
+                backends[kind] = BackendValue(value=item.get("value"), layers=item.get("layers"),
+                                              note=item.get("note"),
+                                              log=log_names if kind == "attention" else None)
+        return EngineRecord(requested=self.args, resolved=resolved, backends=backends,
+                            start_seconds=result.get("engine_start_seconds"))
+
+
+@dataclass(frozen=True)
+class EngineSession:
+    """One engine configuration of one oracle: a call to ``run`` is one engine start, and
+    every run in it shares that engine."""
+
+    oracle: Oracle
+    model_path: Path
+    args: dict[str, Any]
+    home: Path
+
+    def run(self, runs: list[dict[str, Any]], *, what: str, name: str) -> EngineResult:
+        """Start the engine, run ``runs``, stop. A driver that fails returns a result whose
+        ``ok`` is false (``require()`` raises EngineFailed with the log's tail)."""
+        memory_preflight(self.oracle.target)
+        log = layout.log_path(self.home, what, name)
+        request = {"model": str(self.model_path), "engine_args": self.args, "runs": runs,
+                   "record_env_prefixes": list(RECORDED_PREFIXES)}
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = {**self.oracle.target.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        # One engine at a time per oracle home: two engines can exhaust a host's memory
+        # (GB10's unified memory included). Another capture/verify/explain waits here.
+        with held(layout.engine_lock(self.home), what="a vLLM engine"):
+            answer = self.oracle.venv.run_inside("driver.py", [], request=request, env=env,
+                                                 log=log, what="vLLM engine")
+        if answer.data is None:
+            raise EngineFailed(f"the driver exited with {answer.result.returncode} and wrote "
+                               f"no result; log: {log}\n" + _tail(log))
+        raw = dict(answer.data)
+        raw["log_backends"] = sorted(set(BACKEND_LOG.findall(log.read_text(errors="replace"))))
+        return EngineResult(raw, self.args, log)
+
+
+def memory_preflight(target: Target) -> int | None:
+    available = host.available_memory()
+    floor = int(target.memory_floor_gib * 2**30)
+    if available is not None and available < floor:
+        raise PreflightFailed(
+            f"host memory available is {available / 2**30:.1f} GiB, below this target's floor "
+            f"of {target.memory_floor_gib:.1f} GiB: starting the engine could exhaust memory",
+            hint="stop other work on the host, or lower the pin target's memory_floor_gib "
+            "knowingly")
+    return available
 
 
 def _tail(log: Path, n: int = 20) -> str:
-    lines = log.read_text(errors="replace").splitlines()[-n:]
+    lines = log.read_text(errors="replace").splitlines()[-n:] if log.exists() else []
     return "\n".join("    | " + ln for ln in lines)

@@ -8,40 +8,24 @@ from a fresh empty working directory. The comparison with the pin lives here.
 
 from __future__ import annotations
 
-import json
 import os
+import platform
 import re
 import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from oracle_build.errors import BuildFailed, IdentityMismatch, OracleMissing
-from oracle_build.pins import GitSource, Pin, Target
+from oracle_build.contracts.pins import GitSource, Pin, Target
+from oracle_build.core import proc
+from oracle_build.core.env import RECORDED_PREFIXES
+from oracle_build.core.errors import BuildFailed, IdentityMismatch
+from oracle_build.oracle_venv import OracleVenv
 
-PROBE = Path(__file__).parent / "inside" / "probe.py"
 OK_LINE = "ORACLE_IDENTITY_OK"
-
-# Environment a probe or driver never inherits: it would change what gets imported or built.
-SCRUBBED_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP",
-                "PYTHONNOUSERSITE", "VLLM_USE_PRECOMPILED", "VIRTUAL_ENV", "PYTHONSAFEPATH")
-
-
-def venv_python(venv: Path) -> Path:
-    return venv / "bin" / "python"
-
-
-def oracle_env(target: Target | None, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
-    if target is not None:
-        env.update(target.env)
-    if extra:
-        env.update(extra)
-    return env
+MISMATCH_LINE = "ORACLE_IDENTITY_MISMATCH"
 
 
 @dataclass
@@ -92,38 +76,25 @@ class Identity:
         if self.ok:
             lines.append(OK_LINE)
         else:
-            lines.append("ORACLE_IDENTITY_MISMATCH")
+            lines.append(MISMATCH_LINE)
             lines += [f"  {f}: expected {e}, found {g}" for f, e, g in self.mismatches]
         return "\n".join(lines)
 
 
 def run_probe(venv: Path, target: Target, *, log: Path | None = None,
               timeout: float = 600) -> dict[str, Any]:
-    python = venv_python(venv)
-    if not python.exists():
-        raise OracleMissing(f"no python at {python}", hint="run build_oracle first")
-    with tempfile.TemporaryDirectory(prefix="oracle-probe-") as neutral:
-        out = Path(neutral) / "facts.json"
-        device = "cuda" if target.device == "cuda" else "cpu"
-        argv = [str(python), "-I", str(PROBE), str(out), target.kernel_check, device]
-        try:
-            proc = subprocess.run(argv, cwd=neutral, env=oracle_env(target),
-                                  stdin=subprocess.DEVNULL, capture_output=True,
-                                  text=True, errors="replace", timeout=timeout, check=False)
-        except subprocess.TimeoutExpired as exc:
-            raise BuildFailed(f"identity probe timed out after {timeout}s") from exc
-        if log is not None:
-            with log.open("a", encoding="utf-8") as fh:
-                fh.write(f"\n$ {' '.join(argv)}\n{proc.stdout}{proc.stderr}")
-        if proc.returncode != 0 or not out.exists():
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-20:]
-            raise BuildFailed(
-                f"identity probe failed (exit {proc.returncode}) with {python}:\n"
-                + "\n".join("    | " + ln for ln in tail)
-            )
-        facts: dict[str, Any] = json.loads(out.read_text())
-    import platform
-
+    """The facts ``inside/probe.py`` gathers, run by the venv's own python."""
+    device = "cuda" if target.device == "cuda" else "cpu"
+    answer = OracleVenv(venv).run_inside(
+        "probe.py", [target.kernel_check, device, ",".join(RECORDED_PREFIXES)],
+        env=target.env, log=log, what="identity probe", timeout=timeout, echo=False)
+    if answer.result.returncode != 0 or answer.data is None:
+        text = answer.result.output or (log.read_text(errors="replace") if log else "")
+        tail = text.strip().splitlines()[-20:]
+        raise BuildFailed(
+            f"identity probe failed (exit {answer.result.returncode}) with "
+            f"{OracleVenv(venv).python}:\n" + "\n".join("    | " + ln for ln in tail))
+    facts = answer.data
     facts["machine"] = platform.machine()
     return facts
 
@@ -133,9 +104,8 @@ def cuobjdump_sm(paths: list[str], cuobjdump: str | None = None) -> list[str]:
     exe = cuobjdump or shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
     found: set[str] = set()
     for path in paths:
-        proc = subprocess.run([exe, "--list-elf", path], capture_output=True, text=True,
-                              check=False)
-        found.update(re.findall(r"\.(sm_\d+[af]?)\.", proc.stdout))
+        listing = proc.query([exe, "--list-elf", path], timeout=300)
+        found.update(re.findall(r"\.(sm_\d+[af]?)\.", listing.output))
     return sorted(found)
 
 
@@ -181,6 +151,18 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any]) -> list
                             str(vllm.get("version"))))
         if not _under(vllm.get("file", ""), site_dirs):
             bad.append(("vllm_file", f"inside {site_dirs[0]}", str(vllm.get("file"))))
+        package = facts.get("vllm_package") or {}
+        if isinstance(src, GitSource):
+            commit_id = package.get("commit_id")
+            if commit_id and not src.commit.startswith(commit_id.removeprefix("g")):
+                bad.append(("vllm/_version.py __commit_id__", f"g<prefix of {src.commit}>",
+                            commit_id))
+            decision = pin.model.build.rust_frontend
+            if decision is not None and bool(package.get("rust_frontend")) != (
+                    decision == "build"):
+                bad.append(("vllm/vllm-rs (Rust front end)",
+                            "present" if decision == "build" else "absent",
+                            "present" if package.get("rust_frontend") else "absent"))
 
     dists = facts.get("distributions", {})
     for key, version in pin.expected_versions().items():
@@ -235,8 +217,9 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
     facts = run_probe(venv, target, log=log)
     ident = Identity(venv=venv, facts=facts)
     ident.mismatches = compare(pin, target, venv, facts)
-    if not staged and not (venv / "oracle-build" / "build-record.json").exists():
-        ident.mismatches.append(("build record", f"{venv}/oracle-build/build-record.json",
+    oracle = OracleVenv(venv)
+    if not staged and not oracle.has_record():
+        ident.mismatches.append(("build record", str(oracle.record_path),
                                  "missing: not a venv build_oracle completed"))
     if target.device == "cuda":
         libs = [e["path"] for e in facts.get("extensions", [])]
@@ -248,24 +231,12 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
     return ident
 
 
-LOCATE = ("import importlib.util, json, os, sys; s = importlib.util.find_spec('vllm'); "
-          "print(json.dumps([os.path.realpath(sys.prefix), "
-          "s and os.path.realpath(s.origin)]))")
-
-
 def relocated(pin: Pin, target: Target, ident: Identity, old: Path, new: Path) -> Identity:
     """After a venv checked at ``old`` was renamed to ``new`` (same files, one atomic rename):
     observe where its python now lives and where vllm now resolves (without importing it,
     milliseconds), and carry the full facts over to the new path, compared again."""
-    out = subprocess.run([str(venv_python(new)), "-I", "-c", LOCATE], capture_output=True,
-                         text=True, cwd=tempfile.gettempdir(), env=oracle_env(target),
-                         check=False, timeout=120)
-    try:
-        prefix, origin = json.loads(out.stdout)
-    except (ValueError, TypeError):
-        prefix, origin = None, None
-    moved = json.loads(json.dumps(ident.facts).replace(os.path.realpath(old),
-                                                       os.path.realpath(new)))
+    prefix, origin = OracleVenv(new).locate()
+    moved = replace_path(ident.facts, old, new)
     result = Identity(venv=new, facts=moved, compiled_sm=ident.compiled_sm)
     result.mismatches = compare(pin, target, new, moved)
     if prefix != os.path.realpath(new):
@@ -277,6 +248,15 @@ def relocated(pin: Pin, target: Target, ident: Identity, old: Path, new: Path) -
                                   str(origin)))
     result.facts["relocated_from"] = str(old)
     return result
+
+
+def replace_path(value: Any, old: Path, new: Path) -> Any:
+    """``value`` (JSON-able) with every mention of ``old``'s real path replaced by ``new``'s:
+    a venv renamed into place holds the same files under another name."""
+    import json
+
+    text = json.dumps(value).replace(os.path.realpath(old), os.path.realpath(new))
+    return json.loads(text)
 
 
 def require(pin: Pin, target: Target, venv: Path, *, log: Path | None = None) -> Identity:

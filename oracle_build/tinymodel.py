@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from oracle_build.files import atomic_write_bytes, sha256_file
+from oracle_build.core.files import atomic_write_bytes, sha256_file
 
 NAME = "tiny-llama-v1"
 SEED = 20261129

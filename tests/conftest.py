@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from oracle_build import build
-from oracle_build.pins import Pin, load_pin
+from oracle_build.contracts.pins import Pin, load_pin
+from oracle_build.core import env as envmod
+from oracle_build.core import layout
+from oracle_build.oracle_venv import uv
 
 REPO = Path(__file__).resolve().parent.parent
 CPU_PIN = REPO / "pins" / "cpu.toml"
@@ -27,7 +30,13 @@ def shared_wheelhouse() -> Path:
     env = os.environ.get("ORACLE_BUILD_TEST_WHEELHOUSE")
     if env:
         return Path(env)
-    return build.default_wheelhouse(build.default_home())
+    return layout.default_wheelhouse(layout.default_home())
+
+
+def site_packages(venv: Path) -> Path:
+    """A venv's site-packages, whatever its Python version (lib/pythonX.Y/site-packages)."""
+    (site,) = (venv / "lib").glob("python3.*/site-packages")
+    return site.resolve()
 
 
 @pytest.fixture(autouse=True)
@@ -53,7 +62,7 @@ def cpu_oracle(tmp_path_factory: pytest.TempPathFactory) -> BuiltOracle:
     pin = load_pin(CPU_PIN)
     wheelhouse = shared_wheelhouse()
     outcome = build.build_oracle(pin, "cpu", home=home, wheelhouse_root=wheelhouse)
-    return BuiltOracle(pin, home, wheelhouse, build.oracle_path(home, pin), outcome)
+    return BuiltOracle(pin, home, wheelhouse, layout.oracle_path(home, pin.key), outcome)
 
 
 @pytest.fixture
@@ -61,13 +70,13 @@ def scratch_venv(cpu_oracle: BuiltOracle, tmp_path: Path) -> Iterator[Path]:
     """A second real venv holding exactly the CPU oracle's locked set, installed offline
     from the wheelhouse, for tests that damage a venv."""
     venv = tmp_path / "venv"
-    uv = build.uv()
-    env = {**build.scrubbed_env(), **build.uv_env()}
-    subprocess.run([uv, "venv", "--python", "3.11", "--no-project", str(venv)], check=True,
+    uvx = uv()
+    env = {**envmod.build_env(), **envmod.UV}
+    subprocess.run([uvx, "venv", "--python", "3.11", "--no-project", str(venv)], check=True,
                    env=env, capture_output=True)
     req = tmp_path / "req.txt"
     req.write_text("".join(e.requirement_line() + "\n" for e in cpu_oracle.pin.require_lock()))
-    subprocess.run([uv, "pip", "install", "--python", str(venv / "bin" / "python"),
+    subprocess.run([uvx, "pip", "install", "--python", str(venv / "bin" / "python"),
                     "--offline", "--no-index", "--find-links",
                     str(cpu_oracle.wheelhouse / cpu_oracle.pin.key), "--no-deps",
                     "--require-hashes", "-r", str(req)], check=True, env=env,
@@ -83,13 +92,44 @@ class Captured:
 
 
 @pytest.fixture(scope="session")
-def captured(cpu_oracle: BuiltOracle, tmp_path_factory: pytest.TempPathFactory) -> Captured:
-    """The embedded default spec captured once by the real CPU engine (one engine start)."""
-    from oracle_build.capture import capture
+def captured(cpu_oracle: BuiltOracle) -> Captured:
+    """The embedded default captured once by the real CPU engine (one engine start), as a
+    user runs it: `capture` with no spec, from the repository, into the oracle's home."""
+    from oracle_build.cli import main
 
-    out = tmp_path_factory.mktemp("captured")
-    (path,) = capture([TINY_SPEC], home=cpu_oracle.home, out=out)
+    before = (TINY_SPEC / "golden.json").read_bytes()
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        code = main(["capture", "--home", str(cpu_oracle.home)])
+    finally:
+        os.chdir(cwd)
+    assert code == 0
+    (path,) = (cpu_oracle.home / "captures").glob("*/tiny-llama-greedy/golden.json")
+    assert (TINY_SPEC / "golden.json").read_bytes() == before
     return Captured(cpu_oracle, path)
+
+
+def git_pin_text(repository: str, commit: str, version: str, extra: str = "") -> str:
+    """A git pin for a small test package (no dependencies, an import check only)."""
+    return f"""
+schema = 1
+id = "srcpkg"
+python = "3.11"
+lock = {{ status = "unestablished", reason = "a test package with no dependencies" }}
+
+[vllm]
+kind = "git"
+repository = "{repository}"
+commit = "{commit}"
+runtime_version = "{version}"
+distribution = "vllm"
+
+[targets.cpu]
+device = "cpu"
+machine = "x86_64"
+kernel_check = "extension"
+{extra}"""
 
 
 def copy_tree_for_golden(tmp_path: Path, name: str = "tiny-llama-greedy") -> Path:
@@ -115,3 +155,20 @@ def reliability(section: str, case: str) -> None:
     bucket = data.setdefault(section, {})
     bucket[case] = bucket.get(case, 0) + 1
     path.write_text(json.dumps(data, indent=2))
+
+
+READ_ONLY = ("rev-parse", "status --porcelain", "describe --tags", "cat-file", "/probe.py ")
+
+
+def planned_and_executed(build_log: Path) -> tuple[set[str], list[str]]:
+    """From a build log: the commands the plan printed at its top, and the commands that
+    ran (read-only questions between them, such as git rev-parse and the identity probe,
+    left out)."""
+    planned: set[str] = set()
+    executed: list[str] = []
+    for line in build_log.read_text(errors="replace").splitlines():
+        if line.startswith("      $ "):
+            planned.add(line[len("      $ "):])
+        elif line.startswith("$ ") and not any(q in line for q in READ_ONLY):
+            executed.append(line[2:])
+    return planned, executed

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from oracle_build.cli import main
-from oracle_build.golden import load_golden
+from oracle_build.contracts.golden import load_golden
 from tests.conftest import TINY_SPEC, BuiltOracle
 
 

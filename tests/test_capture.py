@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
+import re
 import shutil
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import jsonschema
 import pytest
 
-from oracle_build import schemas, tinymodel
-from oracle_build.capture import capture
+from oracle_build import tinymodel
 from oracle_build.cli import main
-from oracle_build.errors import BadInput, ModelMismatch, Refused
-from oracle_build.golden import load_golden, load_spec
-from oracle_build.verify import REQUIRED_RESOLVED
+from oracle_build.commands.capture import capture
+from oracle_build.contracts import schemas
+from oracle_build.contracts.golden import RESOLVED_KEYS as REQUIRED_RESOLVED
+from oracle_build.contracts.golden import load_golden
+from oracle_build.contracts.spec import load_spec
+from oracle_build.core.errors import BadInput, ModelMismatch, Refused
 from tests.conftest import REPO, TINY_SPEC, BuiltOracle, Captured
 
 # ---------------------------------------------------------------- fast: spec validation
@@ -145,7 +144,8 @@ def test_overwrite_refused_and_replace_keeps_old(captured: Captured) -> None:
 
 
 @pytest.mark.slow
-def test_changed_model_file_is_caught(cpu_oracle: BuiltOracle, tmp_path: Path) -> None:
+def test_changed_model_file_is_exit_13(cpu_oracle: BuiltOracle, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
     model = tmp_path / "model"
     tinymodel.generate(model)
     cfg = json.loads((model / "tokenizer_config.json").read_text())
@@ -159,41 +159,100 @@ def test_changed_model_file_is_caught(cpu_oracle: BuiltOracle, tmp_path: Path) -
     spec.write_text(text)
     with pytest.raises(ModelMismatch, match=r"tokenizer_config\.json: sha256"):
         capture([spec.parent], home=cpu_oracle.home)
+    assert main(["capture", str(spec.parent), "--home", str(cpu_oracle.home)]) == 13
+    assert "model mismatch" in capsys.readouterr().err
     assert not (spec.parent / "golden.json").exists()
 
 
 @pytest.mark.slow
-def test_killed_capture_leaves_no_golden(cpu_oracle: BuiltOracle, tmp_path: Path) -> None:
+def test_default_capture_writes_a_fresh_folder_and_never_the_committed_golden(
+        captured: Captured) -> None:
+    # `captured` ran `capture` with no spec from the repository (see conftest)
+    path = captured.golden_path
+    stamp_dir = path.parent.parent
+    assert stamp_dir.parent == captured.oracle.home / "captures"
+    assert re.fullmatch(r"\d{8}T\d{6}Z", stamp_dir.name), stamp_dir.name
+    assert path.parent.name == "tiny-llama-greedy" and path.is_file()
+    assert sorted(p.name for p in path.parent.iterdir()) == ["golden.json"]
+    committed = load_golden(TINY_SPEC)
+    assert committed.run is not None and load_golden(path).run is not None
+    assert load_golden(path).run.created_utc != committed.run.created_utc  # a new capture
+    assert subprocess.run(["git", "-C", str(REPO), "diff", "--quiet", "--",
+                           "goldens/tiny-llama-greedy/golden.json"]).returncode == 0
+
+
+@pytest.mark.slow
+def test_replace_keeps_the_old_golden_under_replaced(captured: Captured, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "oracle_build", "capture", str(TINY_SPEC), "--out", str(out),
-         "--home", str(cpu_oracle.home)], cwd=REPO, stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL, text=True, start_new_session=True)
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if "==> engine" in line:
-            time.sleep(8)  # the engine is starting or generating
-            os.killpg(proc.pid, signal.SIGKILL)
-            break
-    proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
     folder = out / "tiny-llama-greedy"
-    assert not (folder / "golden.json").exists()
-    assert not folder.exists() or not any(folder.iterdir())  # no partial or temp file
+    folder.mkdir(parents=True)
+    shutil.copy2(captured.golden_path, folder / "golden.json")
+    old = (folder / "golden.json").read_bytes()
+    args = ["capture", str(TINY_SPEC), "--out", str(out), "--home", str(captured.oracle.home)]
+    assert main(args) == 8  # never overwritten without --replace
+    assert (folder / "golden.json").read_bytes() == old and not (folder / "replaced").exists()
+    capsys.readouterr()
+    assert main([*args, "--replace"]) == 0
+    err = capsys.readouterr().err
+    (kept,) = (folder / "replaced").iterdir()
+    assert re.fullmatch(r"golden\.\d{8}T\d{6}Z\.json", kept.name), kept.name
+    assert kept.read_bytes() == old and f"kept the replaced golden at {kept}" in err
+    new = load_golden(folder / "golden.json")
+    assert (folder / "golden.json").read_bytes() != old
+    assert [p.token_ids for p in new.prompts] == [
+        p.token_ids for p in load_golden(kept).prompts]
 
 
-def test_default_capture_never_touches_committed_golden(tmp_path: Path) -> None:
-    assert (TINY_SPEC / "golden.json").exists()
-    before = (TINY_SPEC / "golden.json").read_bytes()
-    # no oracle in this home: refused (exit 7) before anything is written
-    cwd = os.getcwd()
-    os.chdir(REPO)
-    try:
-        assert main(["capture", "--home", str(tmp_path)]) == 7
-    finally:
-        os.chdir(cwd)
-    assert (TINY_SPEC / "golden.json").read_bytes() == before
-    shutil.rmtree(tmp_path, ignore_errors=True)
+def sampled_spec(tmp_path: Path, name: str) -> Path:
+    """The embedded spec with temperature 1.0 and no per-request seed: legs disagree."""
+    folder = tmp_path / "specs" / name
+    folder.mkdir(parents=True)
+    text = (TINY_SPEC / "spec.toml").read_text()
+    text = text.replace('name = "tiny-llama-greedy"', f'name = "{name}"')
+    text = text.replace('pin = "../../pins/cpu.toml"', f'pin = "{REPO / "pins/cpu.toml"}"')
+    assert "temperature = 0.0" in text
+    text = text.replace("temperature = 0.0", "temperature = 1.0")
+    (folder / "spec.toml").write_text(text)
+    return folder
+
+
+@pytest.mark.slow
+def test_disagreeing_legs_refuse_then_publish_marked(cpu_oracle: BuiltOracle, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
+    spec = sampled_spec(tmp_path, "sampled")
+    out = tmp_path / "out"
+    args = ["capture", str(spec), "--out", str(out), "--home", str(cpu_oracle.home)]
+    assert main(args) == 8
+    err = capsys.readouterr().err
+    assert "the legs disagree (prompt " in err and "not published" in err
+    assert not (out / "sampled" / "golden.json").exists()
+    assert main([*args, "--allow-nondeterministic"]) == 0
+    golden = load_golden(out / "sampled")
+    assert golden.nondeterministic is True and golden.legs is not None
+    assert not golden.legs.agree and golden.legs.disagreements
+    assert golden.gate.kind == "distributional"  # never a strict gate
+
+
+@pytest.mark.slow
+def test_engine_that_fails_to_start_is_exit_12(cpu_oracle: BuiltOracle, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "specs" / "bad-engine"
+    folder.mkdir(parents=True)
+    text = (TINY_SPEC / "spec.toml").read_text()
+    text = text.replace('name = "tiny-llama-greedy"', 'name = "bad-engine"')
+    text = text.replace('pin = "../../pins/cpu.toml"', f'pin = "{REPO / "pins/cpu.toml"}"')
+    text = text.replace('dtype = "float32"', 'dtype = "float99"')
+    assert "float99" in text
+    (folder / "spec.toml").write_text(text)
+    code = main(["capture", str(folder), "--out", str(tmp_path / "out"), "--home",
+                 str(cpu_oracle.home)])
+    err = capsys.readouterr().err
+    assert code == 12, err[-2000:]
+    assert "engine failed" in err and "float99" in err and "log:" in err
+    assert not (tmp_path / "out" / "bad-engine" / "golden.json").exists()
 
 
 @pytest.mark.slow
@@ -217,7 +276,7 @@ def test_shared_configuration_means_one_engine_start(cpu_oracle: BuiltOracle, tm
     assert [p.parent.name for p in written] == ["alpha", "beta"]
     assert err.count("==> engine") == 1 and "==> engine 1/1: alpha, beta" in err
     assert [len(p.token_ids) for p in load_golden(written[1]).prompts] == [12, 12, 12]
-    from oracle_build.verify import verify
+    from oracle_build.commands.verify import verify
 
     report = verify(written, home=cpu_oracle.home)
     err = capsys.readouterr().err

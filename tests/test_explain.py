@@ -9,9 +9,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from oracle_build import schemas
 from oracle_build.cli import main
-from oracle_build.explain import parse_vary
+from oracle_build.commands.explain import parse_vary
+from oracle_build.contracts import schemas
 from tests.conftest import BuiltOracle, copy_tree_for_golden
 
 

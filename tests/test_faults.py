@@ -4,23 +4,26 @@ false ORACLE_IDENTITY_OK, and the next run completes. Real builds, real engine."
 from __future__ import annotations
 
 import ast
+import json
 import os
 import random
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from oracle_build import identity
 from oracle_build.cli import main
-from oracle_build.golden import load_golden
-from tests.conftest import CPU_PIN, REPO, TINY_SPEC, BuiltOracle, reliability
+from oracle_build.contracts.golden import load_golden
+from tests.conftest import CPU_PIN, REPO, TINY_SPEC, BuiltOracle, reliability, site_packages
 
 pytestmark = pytest.mark.slow
 BUILD_STEPS = ["preflight", "venv", "fetch", "install", "identity", "publish"]
@@ -32,51 +35,119 @@ def start(args: list[str], **env: str) -> subprocess.Popen[str]:
                             start_new_session=True, env={**os.environ, **env})
 
 
-def kill_at(proc: subprocess.Popen[str], marker: str, sig: int, delay: float) -> bool:
-    """Send ``sig`` to the run's process group ``delay`` s after ``marker`` appears. Returns
-    whether the run was still going when the signal was sent (False: it had finished)."""
-    assert proc.stderr is not None
-    alive = False
-    for line in proc.stderr:
-        if marker in line:
-            time.sleep(delay)
-            alive = proc.poll() is None
-            with suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            break
-    else:
-        raise AssertionError(f"the run never printed {marker!r}")
-    proc.communicate(timeout=300)
-    return alive
+class Watched:
+    """A CLI run whose progress (stderr) is read as it comes, so a test knows which step
+    it is in from the run's own output, not from a delay."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.proc = start(args)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    def wait_for(self, marker: str, timeout: float = 900) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(marker in line for line in self.lines):
+            if self.proc.poll() is not None and not self.reader.is_alive():
+                raise AssertionError(f"the run ended (exit {self.proc.returncode}) without "
+                                     f"printing {marker!r}:\n{''.join(self.lines[-30:])}")
+            assert time.monotonic() < deadline, f"no {marker!r} within {timeout}s"
+            time.sleep(0.02)
+
+    def phase(self, phases: dict[str, str]) -> str | None:
+        """The phase the run is in: the last line matching one of ``phases`` (marker ->
+        phase name) decides."""
+        current = None
+        for line in self.lines:
+            for marker, name in phases.items():
+                if marker in line:
+                    current = name
+        return current
+
+    def kill_in(self, phase: str, phases: dict[str, str], sig: int, delay: float) -> bool:
+        """``delay`` s into ``phase``: freeze the run's process group (SIGSTOP), read what it
+        had printed, send ``sig`` and let it go on. True only when the run was alive and
+        still in ``phase`` at that instant: only such kills count as landed."""
+        marker = next(m for m, n in phases.items() if n == phase)
+        self.wait_for(marker)
+        time.sleep(delay)
+        with suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGSTOP)
+        time.sleep(0.3)  # the reader drains what was written before the stop
+        landed = self.proc.poll() is None and self.phase(phases) == phase
+        with suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+            os.killpg(self.proc.pid, signal.SIGCONT)
+        self.proc.wait(timeout=300)
+        self.reader.join(timeout=60)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+        return landed
+
+
+def build_phases(steps: list[str]) -> dict[str, str]:
+    """A build's progress: "==> [i/n] step" starts a step, "    step: 1.2s" ends it."""
+    out = {}
+    for n, step in enumerate(steps, start=1):
+        out[f"==> [{n}/{len(steps)}] {step}"] = step
+        out[f"    {step}: "] = f"after {step}"
+    return out
+
+
+CAPTURE_PHASES = {"checking oracle identity": "identity", "==> engine": "engine",
+                  "    wrote ": "published"}
 
 
 def assert_no_false_oracle(home: Path, pin_key: str) -> None:
     venv = home / "oracles" / pin_key
     if venv.exists():  # only a complete venv may stand there, and it must pass
         assert (venv / "oracle-build" / "build-record.json").exists()
-        from oracle_build.pins import load_pin
+        from oracle_build.contracts.pins import load_pin
 
         pin = load_pin(CPU_PIN)
         assert identity.check(pin, pin.target("cpu"), venv).ok
 
 
+def signame(sig: int) -> str:
+    return "SIGKILL" if sig == signal.SIGKILL else "SIGINT"
+
+
+def expected_exit(sig: int) -> int:
+    return -signal.SIGKILL if sig == signal.SIGKILL else 130
+
+
 def test_build_killed_at_every_step_then_recovers(cpu_oracle: BuiltOracle,
                                                   tmp_path: Path) -> None:
     home = tmp_path / "home"
-    rng = random.Random(20261129)
+    rng = random.Random(20261130)
     args = ["build", "--pin", str(CPU_PIN), "--home", str(home), "--wheelhouse",
             str(cpu_oracle.wheelhouse)]
-    for n, step in enumerate(BUILD_STEPS, start=1):
+    phases = build_phases(BUILD_STEPS)
+    record = json.loads((cpu_oracle.venv / "oracle-build" / "build-record.json").read_text())
+    landed: set[tuple[str, str]] = set()
+    for step in BUILD_STEPS:
+        # at the step's start, and at a random point inside it (its duration in a real build)
+        inside = rng.uniform(0.1, 0.8) * float(record["timings"].get(step, 1.0))
         for sig in (signal.SIGKILL, signal.SIGINT):
-            for delay in (0.0, rng.uniform(0.5, 6.0)):  # at the boundary, inside the step
-                proc = start(args)
-                kill_at(proc, f"==> [{n}/6] {step}", sig, delay)
+            for delay in (0.0, inside):
+                run = Watched(args)
+                if run.kill_in(step, phases, sig, delay):
+                    assert run.proc.returncode == expected_exit(sig), "".join(run.lines[-20:])
+                    landed.add((step, signame(sig)))
+                    reliability("kill points survived",
+                                f"build_oracle {step} {signame(sig)}")
                 assert_no_false_oracle(home, cpu_oracle.pin.key)
-                reliability("kill points survived", f"build_oracle {step} "
-                            f"{'SIGKILL' if sig == signal.SIGKILL else 'SIGINT'}")
                 if (home / "oracles" / cpu_oracle.pin.key).exists():
                     # killed after the commit point: the oracle is whole; start over
                     shutil.rmtree(home / "oracles")
+    missed = [(s, signame(g)) for s in BUILD_STEPS for g in (signal.SIGKILL, signal.SIGINT)
+              if (s, signame(g)) not in landed]
+    assert not missed, f"no kill landed inside these steps: {missed}"
     done = subprocess.run([sys.executable, "-m", "oracle_build", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -87,23 +158,26 @@ def test_capture_killed_at_every_point_leaves_no_golden(cpu_oracle: BuiltOracle,
                                                         tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = ["capture", str(TINY_SPEC), "--out", str(out), "--home", str(cpu_oracle.home)]
-    for marker, delay in (("checking oracle identity", 0.5), ("==> engine", 0.0),
-                          ("==> engine", 6.0), ("==> engine", 20.0)):
+    folder = out / "tiny-llama-greedy"
+    landed = 0
+    for phase, delay in (("identity", 0.5), ("engine", 0.0), ("engine", 6.0),
+                         ("engine", 20.0)):
         for sig in (signal.SIGKILL, signal.SIGINT):
-            proc = start(args)
-            killed_mid_run = kill_at(proc, marker, sig, delay)
-            folder = out / "tiny-llama-greedy"
-            if not killed_mid_run:  # it finished first: the golden must be whole
-                assert proc.returncode == 0
-                load_golden(folder / "golden.json")
-                shutil.rmtree(folder)
+            run = Watched(args)
+            if not run.kill_in(phase, CAPTURE_PHASES, sig, delay):
+                # it had left the phase: whatever it published must be whole
+                if (folder / "golden.json").exists():
+                    load_golden(folder / "golden.json")
+                shutil.rmtree(folder, ignore_errors=True)
                 continue
+            assert run.proc.returncode == expected_exit(sig), "".join(run.lines[-20:])
             assert not (folder / "golden.json").exists()
             leftovers = list(folder.iterdir()) if folder.exists() else []
             assert not leftovers, leftovers  # no partial or temporary file
+            landed += 1
             reliability("kill points survived",
-                        f"capture {marker.strip('=> ')} +{delay:g}s "
-                        f"{'SIGKILL' if sig == signal.SIGKILL else 'SIGINT'}")
+                        f"capture {phase} +{delay:g}s {signame(sig)}")
+    assert landed >= 6, f"only {landed} of 8 capture kills landed in their phase"
     assert main(args) == 0  # the next run completes normally
     assert (out / "tiny-llama-greedy" / "golden.json").exists()
 
@@ -206,7 +280,8 @@ def test_disk_fills_during_build(cpu_oracle: BuiltOracle, tmp_path: Path) -> Non
 def test_user_site_and_pythonpath_cannot_inject(cpu_oracle: BuiltOracle, tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     base = tmp_path / "userbase"
-    site = base / "lib" / "python3.11" / "site-packages" / "vllm"
+    # the user site the oracle's python would read: lib/pythonX.Y under PYTHONUSERBASE
+    site = base / site_packages(cpu_oracle.venv).relative_to(cpu_oracle.venv) / "vllm"
     site.mkdir(parents=True)
     (site / "__init__.py").write_text('__version__ = "0.32.0"\n')
     monkeypatch.setenv("PYTHONUSERBASE", str(base))
@@ -227,7 +302,18 @@ def test_symlinked_home(cpu_oracle: BuiltOracle, tmp_path: Path,
     assert f"vllm_file {cpu_oracle.home.resolve()}" in out  # resolved, the real path shown
     code = main(["identity", "--pin", str(CPU_PIN), "--venv",
                  str(link / "oracles" / cpu_oracle.pin.key)])
-    assert code == 3 and "reached through a symlink" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert code == 3 and "reached through a symlink" in out
+    assert identity.MISMATCH_LINE in out.splitlines() and identity.OK_LINE not in out
+    code = main(["identity", "--pin", str(CPU_PIN), "--venv",
+                 str(link / "oracles" / cpu_oracle.pin.key), "--json"])
+    facts = json.loads(capsys.readouterr().out)
+    assert code == 3 and facts["ok"] is False
+    assert [m["field"] for m in facts["mismatches"]] == ["venv_path"]
+    assert main(["identity", "--pin", str(CPU_PIN), "--home", str(cpu_oracle.home),
+                 "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["ok"] is True and facts["vllm"] == "0.32.0" and facts["mismatches"] == []
     reliability("hostile environment", "oracle home through a symlink")
 
 
@@ -248,3 +334,55 @@ def test_no_field_ever_reaches_a_shell() -> None:
                         offenders.append(f"{path.name}:{node.lineno} shell=")
     assert offenders == []
     reliability("security", "no shell anywhere")
+
+
+WHERE = ("import importlib.util, json, sys\n"
+         "s = importlib.util.find_spec('vllm')\n"
+         "print(json.dumps({'vllm': s.origin, 'no_user_site': sys.flags.no_user_site,\n"
+         "                  'path': sys.path}))\n")
+
+
+def test_isolated_mode_alone_keeps_injections_out(cpu_oracle: BuiltOracle,
+                                                  tmp_path: Path) -> None:
+    """-I on its own, with the environment NOT scrubbed first: a module beside the script,
+    PYTHONPATH, and the user site (with a .pth in it) never reach the oracle's python.
+    Without -I the first two do, so this test can fail."""
+    def fake_vllm(where: Path) -> Path:
+        (where / "vllm").mkdir(parents=True)
+        (where / "vllm" / "__init__.py").write_text('__version__ = "0.32.0"\n')
+        return where / "vllm" / "__init__.py"
+
+    scripts = tmp_path / "scripts"
+    beside = fake_vllm(scripts)
+    (scripts / "where.py").write_text(WHERE)
+    pythonpath = fake_vllm(tmp_path / "pythonpath")
+    userbase = tmp_path / "userbase"
+    user_site = userbase / site_packages(cpu_oracle.venv).relative_to(cpu_oracle.venv)
+    fake_vllm(user_site)
+    (user_site / "inject.pth").write_text(f"import sys; sys.path.insert(0, {str(user_site)!r})\n")
+    python = str(cpu_oracle.venv / "bin" / "python")
+    real = str(site_packages(cpu_oracle.venv) / "vllm" / "__init__.py")
+
+    def where(*flags: str, **env: str) -> dict[str, Any]:
+        done = subprocess.run([python, *flags, str(scripts / "where.py")], cwd=tmp_path,
+                              capture_output=True, text=True, check=True,
+                              env={**os.environ, **env})
+        answer: dict[str, Any] = json.loads(done.stdout)
+        return answer
+
+    # a module beside the script
+    assert where()["vllm"] == str(beside)
+    assert where("-I")["vllm"] == real
+    # PYTHONPATH
+    assert where(PYTHONPATH=str(pythonpath.parent.parent))["vllm"] == str(beside)  # still first
+    (scripts / "vllm" / "__init__.py").unlink()
+    (scripts / "vllm").rmdir()
+    assert where(PYTHONPATH=str(pythonpath.parent.parent))["vllm"] == str(pythonpath)
+    assert where("-I", PYTHONPATH=str(pythonpath.parent.parent))["vllm"] == real
+    # the user site and a .pth in it
+    isolated = where("-I", PYTHONUSERBASE=str(userbase))
+    assert isolated["vllm"] == real and isolated["no_user_site"] == 1
+    assert str(user_site) not in isolated["path"]
+    assert where(PYTHONUSERBASE=str(userbase))["no_user_site"] == 0
+    reliability("hostile environment", "isolated mode alone: script folder, PYTHONPATH, "
+                "user site and .pth")

@@ -5,6 +5,7 @@ the command line), never another exception, never a partial output."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -19,17 +20,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oracle_build.candidate import load_candidate
 from oracle_build.cli import main
-from oracle_build.errors import BadInput
-from oracle_build.golden import load_golden, load_spec
+from oracle_build.contracts.candidate import load_candidate
+from oracle_build.contracts.golden import load_golden
+from oracle_build.contracts.pins import load_pin
+from oracle_build.contracts.spec import load_spec
+from oracle_build.core.errors import BadInput
 from oracle_build.interop.vllmcpp import import_path
-from oracle_build.pins import load_pin
 from tests.conftest import CPU_PIN, GPU_PIN, REPO, TINY_SPEC
 
 DATA = REPO / "tests" / "data" / "vllm.cpp"
 EXAMPLES = int(os.environ.get("ORACLE_BUILD_FUZZ_EXAMPLES", "150"))
 TRIED: Counter[str] = Counter()
+UNCHANGED: Counter[str] = Counter()
 OUTCOMES: Counter[str] = Counter()
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -44,7 +47,7 @@ def _report_counts() -> Iterator[None]:
         path = Path(dest)
         old = json.loads(path.read_text()) if path.exists() else {}
         old["fuzz"] = {"examples_per_test": EXAMPLES, "inputs_tried": dict(TRIED),
-                       "outcomes": dict(OUTCOMES)}
+                       "outcomes": dict(OUTCOMES), "unchanged_not_counted": dict(UNCHANGED)}
         path.write_text(json.dumps(old, indent=2))
 
 
@@ -125,7 +128,22 @@ def mutate_text(raw: bytes, data: st.DataObject) -> bytes:
     return b"\n".join(lines)
 
 
-def check(reader: str, fn: Callable[[Path], object], path: Path) -> None:
+def digest(path: Path) -> str:
+    """The bytes of a file, or of every file in a folder (names included)."""
+    h = hashlib.sha256()
+    files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def check(reader: str, fn: Callable[[Path], object], path: Path, original: str) -> None:
+    """Load a mutated input. Only an input whose bytes differ from the original counts;
+    each must load or fail with BadInput naming the file and, for every problem, the field
+    (a key path, a line and column, a byte offset, or <file> for the file as a whole)."""
+    if digest(path) == original:
+        UNCHANGED[reader] += 1
+        return
     TRIED[reader] += 1
     try:
         fn(path)
@@ -135,6 +153,7 @@ def check(reader: str, fn: Callable[[Path], object], path: Path) -> None:
         assert exc.exit_code == 2
         assert str(path.parent) in exc.message or str(path) in exc.message, exc.message
         assert exc.problems
+        assert all(field.strip() for field, _msg in exc.problems), exc.problems
 
 
 def workdir() -> Path:
@@ -146,8 +165,11 @@ def workdir() -> Path:
 def test_fuzz_golden(data: st.DataObject) -> None:
     d = workdir()
     path = d / "golden.json"
-    path.write_bytes(mutate_json((TINY_SPEC / "golden.json").read_bytes(), data))
-    check("golden", load_golden, path)
+    raw = (TINY_SPEC / "golden.json").read_bytes()
+    path.write_bytes(raw)
+    original = digest(path)
+    path.write_bytes(mutate_json(raw, data))
+    check("golden", load_golden, path, original)
     shutil.rmtree(d)
 
 
@@ -160,8 +182,10 @@ def test_fuzz_candidate(data: st.DataObject) -> None:
          "topk": p.topk} for p in golden.prompts]}).encode()
     d = workdir()
     path = d / "candidate.json"
+    path.write_bytes(raw)
+    original = digest(path)
     path.write_bytes(mutate_json(raw, data))
-    check("candidate", load_candidate, path)
+    check("candidate", load_candidate, path, original)
     shutil.rmtree(d)
 
 
@@ -170,8 +194,11 @@ def test_fuzz_candidate(data: st.DataObject) -> None:
 def test_fuzz_spec(data: st.DataObject) -> None:
     d = workdir()
     path = d / "spec.toml"
-    path.write_bytes(mutate_text((TINY_SPEC / "spec.toml").read_bytes(), data))
-    check("spec", load_spec, path)
+    raw = (TINY_SPEC / "spec.toml").read_bytes()
+    path.write_bytes(raw)
+    original = digest(path)
+    path.write_bytes(mutate_text(raw, data))
+    check("spec", load_spec, path, original)
     shutil.rmtree(d)
 
 
@@ -181,13 +208,14 @@ def test_fuzz_pin_and_lock(data: st.DataObject, pin: Path, lock: bool) -> None:
     d = workdir()
     path = d / pin.name
     shutil.copy2(CPU_PIN.parent / "cpu.lock.txt", d / "cpu.lock.txt")
+    path.write_bytes(pin.read_bytes())
+    original = digest(d)
     if lock and pin == CPU_PIN:
         (d / "cpu.lock.txt").write_bytes(mutate_text((d / "cpu.lock.txt").read_bytes(), data))
-        path.write_bytes(pin.read_bytes())
-        check("lock", load_pin, path)
+        check("lock", lambda _d: load_pin(path), d, original)
     else:
         path.write_bytes(mutate_text(pin.read_bytes(), data))
-        check("pin", load_pin, path)
+        check("pin", lambda _d: load_pin(path), d, original)
     shutil.rmtree(d)
 
 
@@ -197,9 +225,11 @@ def test_fuzz_pin_and_lock(data: st.DataObject, pin: Path, lock: bool) -> None:
 def test_fuzz_vllmcpp_oracle_json(data: st.DataObject, folder: str) -> None:
     d = workdir() / folder
     d.mkdir()
-    (d / "oracle.json").write_bytes(mutate_json((DATA / folder / "oracle.json").read_bytes(),
-                                                data))
-    check("vllm.cpp oracle.json", import_path, d / "oracle.json")
+    raw = (DATA / folder / "oracle.json").read_bytes()
+    (d / "oracle.json").write_bytes(raw)
+    original = digest(d / "oracle.json")
+    (d / "oracle.json").write_bytes(mutate_json(raw, data))
+    check("vllm.cpp oracle.json", import_path, d / "oracle.json", original)
     shutil.rmtree(d.parent)
 
 
@@ -210,6 +240,7 @@ def test_fuzz_vllmcpp_battery(data: st.DataObject) -> None:
     shutil.copytree(DATA / "opt_greedy", d)
     for f in d.iterdir():
         f.chmod(0o644)
+    original = digest(d)
     name = data.draw(st.sampled_from(["greedy_ids.npy", "greedy_dist.npy", "p0_prompt.i32",
                                       "p5_prompt.i32", "our_ids.npy"]))
     target = d / name
@@ -238,7 +269,7 @@ def test_fuzz_vllmcpp_battery(data: st.DataObject) -> None:
         target.write_bytes(bytes(raw))
     elif op == "delete" and target.exists():
         target.unlink()
-    check("vllm.cpp battery", import_path, d)
+    check("vllm.cpp battery", import_path, d, original)
     shutil.rmtree(d.parent)
 
 
@@ -249,8 +280,13 @@ def test_fuzz_cli_import_never_half_writes(data: st.DataObject) -> None:
     d = workdir()
     src = d / "legacy"
     src.mkdir()
-    (src / "oracle.json").write_bytes(mutate_json((DATA / "nemotron_35_lightning_greedy_legacy"
-                                                   / "oracle.json").read_bytes(), data))
+    raw = (DATA / "nemotron_35_lightning_greedy_legacy" / "oracle.json").read_bytes()
+    mutated = mutate_json(raw, data)
+    if mutated == raw:
+        UNCHANGED["cli import"] += 1
+        shutil.rmtree(d)
+        return
+    (src / "oracle.json").write_bytes(mutated)
     out = d / "goldens"
     TRIED["cli import"] += 1
     code = main(["import", str(src), "--out", str(out)])

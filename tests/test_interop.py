@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from oracle_build.cli import main
-from oracle_build.errors import BadInput
-from oracle_build.golden import load_golden
+from oracle_build.contracts.golden import load_golden
+from oracle_build.core.errors import BadInput
 from oracle_build.interop.vllmcpp import attributed_problems, export, import_path
 from tests.conftest import REPO, TINY_SPEC, Captured
 
@@ -23,12 +23,23 @@ SCHEMA2 = DATA / "nemotron_35_lightning_greedy"
 BATTERY = DATA / "opt_greedy"
 
 
-def test_vendored_files_are_the_shared_ones_unchanged() -> None:
-    if not SHARED.is_dir():
-        pytest.skip("../shared is not beside this checkout")
-    for f in sorted(SHARED.rglob("*")):
-        if f.is_file():
-            assert (DATA / f.relative_to(SHARED)).read_bytes() == f.read_bytes(), f
+def test_vendored_files_are_vllmcpps_unchanged() -> None:
+    """The vendored files hash to what SHA256SUMS recorded when they were copied from
+    vllm.cpp (via ../shared/interop). Where ../shared is beside the checkout (CI), every
+    file there is also byte-identical here."""
+    sums = {}
+    for line in (DATA / "SHA256SUMS").read_text().splitlines():
+        digest, name = line.split(maxsplit=1)
+        sums[name.removeprefix("./")] = digest
+    vendored = sorted(str(f.relative_to(DATA)) for f in DATA.rglob("*")
+                      if f.is_file() and f.name != "SHA256SUMS")
+    assert sorted(sums) == vendored
+    for name, digest in sums.items():
+        assert hashlib.sha256((DATA / name).read_bytes()).hexdigest() == digest, name
+    shared = sorted(f for f in SHARED.rglob("*") if f.is_file()) if SHARED.is_dir() else []
+    for f in shared:
+        assert (DATA / f.relative_to(SHARED)).read_bytes() == f.read_bytes(), f
+    assert not SHARED.is_dir() or {str(f.relative_to(SHARED)) for f in shared} == set(sums)
 
 
 def test_legacy_imports() -> None:

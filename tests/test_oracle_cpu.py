@@ -13,11 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from oracle_build import build, identity
+from oracle_build import identity
+from oracle_build.build.plan import UV_VERSION
 from oracle_build.cli import main
-from oracle_build.errors import IdentityMismatch
-from oracle_build.pins import Target
-from tests.conftest import CPU_PIN, REPO, BuiltOracle
+from oracle_build.contracts.pins import Target
+from oracle_build.core import env as envmod
+from oracle_build.core import layout
+from oracle_build.core.errors import IdentityMismatch
+from oracle_build.oracle_venv import uv
+from tests.conftest import CPU_PIN, REPO, BuiltOracle, planned_and_executed, site_packages
 
 pytestmark = pytest.mark.slow
 
@@ -32,8 +36,9 @@ def test_cpu_oracle_builds_and_proves_identity(cpu_oracle: BuiltOracle) -> None:
     block = ident.block().splitlines()
     assert block[0].startswith("vllm 0.32.0   transformers 5.19.0")
     assert block[1].startswith("torch 2.13.0+cpu")
-    assert block[2] == (f"vllm_file {cpu_oracle.venv}/lib/python3.11/site-packages/"
-                        "vllm/__init__.py")
+    site = site_packages(cpu_oracle.venv)
+    assert block[2] == f"vllm_file {site}/vllm/__init__.py"
+    assert site.parent.name == f"python{cpu_oracle.pin.model.python}"
     assert block[-1] == identity.OK_LINE
     kernel = ident.facts["kernel"]
     assert kernel["op"] == "torch.ops._C.rms_norm" and kernel["ok"]
@@ -50,9 +55,17 @@ def test_cpu_oracle_builds_and_proves_identity(cpu_oracle: BuiltOracle) -> None:
     assert set(record["timings"]) >= {"preflight", "venv", "fetch", "install", "identity",
                                       "publish", "total"}
     assert Path(record["log"]).is_file()
-    assert record["installer"]["uv"] == build.UV_VERSION
+    assert record["installer"]["uv"] == UV_VERSION
     assert not (cpu_oracle.home / "staging").exists() or not any(
         (cpu_oracle.home / "staging").iterdir())
+
+
+def test_what_ran_is_what_the_plan_printed(cpu_oracle: BuiltOracle) -> None:
+    planned, executed = planned_and_executed(cpu_oracle.venv / "oracle-build" / "build.log")
+    assert executed, "the log records the commands that ran"
+    assert [c for c in executed if c not in planned] == []
+    assert any(" venv --python 3.11 " in c for c in executed)
+    assert any(" pip install " in c and "--require-hashes" in c for c in executed)
 
 
 def test_rerun_rechecks_identity_without_building(cpu_oracle: BuiltOracle,
@@ -87,9 +100,9 @@ def test_scratch_copy_passes_only_as_staged(cpu_oracle: BuiltOracle,
 
 
 def test_other_version_of_pinned_package(cpu_oracle: BuiltOracle, scratch_venv: Path) -> None:
-    subprocess.run([build.uv(), "pip", "install", "--python", str(scratch_venv / "bin/python"),
+    subprocess.run([uv(), "pip", "install", "--python", str(scratch_venv / "bin/python"),
                     "--no-deps", "transformers==5.18.0"], check=True, capture_output=True,
-                   env={**build.scrubbed_env(), **build.uv_env()})
+                   env={**envmod.build_env(), **envmod.UV})
     ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"), scratch_venv, staged=True)
     assert ("transformers (installed)", "5.19.0", "5.18.0") in ident.mismatches
     assert ("transformers.__version__", "5.19.0", "5.18.0") in ident.mismatches
@@ -153,12 +166,12 @@ def test_drift_is_reported_not_replaced_then_rebuild(cpu_oracle: BuiltOracle,
     args = ["build", "--pin", str(CPU_PIN), "--home", str(home), "--wheelhouse",
             str(cpu_oracle.wheelhouse)]
     assert main(args) == 0  # a real oracle, from the wheelhouse
-    venv = build.oracle_path(home, cpu_oracle.pin)
-    subprocess.run([build.uv(), "pip", "install", "--python", str(venv / "bin/python"),
+    venv = layout.oracle_path(home, cpu_oracle.pin.key)
+    subprocess.run([uv(), "pip", "install", "--python", str(venv / "bin/python"),
                     "--no-deps", "transformers==5.18.0"], check=True, capture_output=True,
-                   env={**build.scrubbed_env(), **build.uv_env()})
+                   env={**envmod.build_env(), **envmod.UV})
     assert main(args) == IdentityMismatch([], where="").exit_code == 3  # reported...
-    assert (venv / "lib/python3.11/site-packages/transformers-5.18.0.dist-info").exists()
+    assert (site_packages(venv) / "transformers-5.18.0.dist-info").exists()
     assert main([*args, "--rebuild"]) == 0  # ...and replaced only when asked
     record = json.loads((venv / "oracle-build" / "build-record.json").read_text())
     assert record["origin"] == "wheelhouse"
@@ -196,7 +209,7 @@ def test_killed_build_leaves_no_oracle_and_recovers(cpu_oracle: BuiltOracle, tmp
     proc = _start_build(home, cpu_oracle.wheelhouse)
     _kill_when(proc, marker, sig)
     assert proc.returncode != 0
-    venv = build.oracle_path(home, cpu_oracle.pin)
+    venv = layout.oracle_path(home, cpu_oracle.pin.key)
     assert not venv.exists()
     assert main(["identity", "--pin", str(CPU_PIN), "--home", str(home)]) == 7
     staged = list((home / "staging").iterdir())

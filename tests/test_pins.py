@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from oracle_build.cli import main
-from oracle_build.errors import BadInput
-from oracle_build.pins import GitSource, WheelSource, load_pin
+from oracle_build.contracts.pins import GitSource, WheelSource, load_pin
+from oracle_build.core.errors import BadInput
 from tests.conftest import CPU_PIN, GPU_PIN
 
 

@@ -8,9 +8,13 @@ from pathlib import Path
 import pytest
 
 from oracle_build import build
+from oracle_build.build import steps
 from oracle_build.cli import main
-from oracle_build.errors import EXIT_UNESTABLISHED, Unestablished
-from oracle_build.pins import load_pin
+from oracle_build.contracts.pins import load_pin
+from oracle_build.core import env as envmod
+from oracle_build.core import layout
+from oracle_build.core.errors import EXIT_UNESTABLISHED, Unestablished
+from oracle_build.core.proc import Cmd
 from tests.conftest import GPU_PIN
 
 
@@ -33,7 +37,7 @@ def plan_for(pin_path: Path, target: str, tmp_path: Path, **kw: object) -> build
                       **kw)  # type: ignore[arg-type]
 
 
-def wheel_cmd(p: build.Plan) -> build.Cmd:
+def wheel_cmd(p: build.Plan) -> Cmd:
     (step,) = [s for s in p.steps if s.name == "wheel"]
     (cmd,) = step.commands
     return cmd
@@ -69,7 +73,7 @@ def test_gpu_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str, 
     assert "https://download.pytorch.org/whl/cu130" in torch.commands[0].argv
     assert p.target.expected_sm == [sm, sm + "a"]
     # the executed environment really drops VLLM_USE_PRECOMPILED
-    env = build.scrubbed_env()
+    env = envmod.build_env()
     assert "VLLM_USE_PRECOMPILED" not in env
     names = [s.name for s in p.steps]
     assert names.index("source") < names.index("externals") < names.index("wheel") \
@@ -113,13 +117,13 @@ def test_unestablished_exit_code(tmp_path: Path) -> None:
 def test_configure_log_arch_parse() -> None:
     log = ("-- CUDA supported target architectures: 7.5;8.0;8.9;9.0;10.0;11.0;12.0;12.1\n"
            "-- CUDA target architectures: 12.1\n")
-    assert build.configure_arches(log) == {
+    assert steps.configure_arches(log) == {
         "CUDA supported target architectures": "7.5;8.0;8.9;9.0;10.0;11.0;12.0;12.1",
         "CUDA target architectures": "12.1"}
 
 
 def test_build_preflight_disk_and_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from oracle_build.errors import PreflightFailed
+    from oracle_build.core.errors import PreflightFailed
     from tests.conftest import CPU_PIN
 
     pin = load_pin(CPU_PIN)
@@ -127,7 +131,7 @@ def test_build_preflight_disk_and_python(tmp_path: Path, monkeypatch: pytest.Mon
     p = build.plan(pin, "cpu", home=tmp_path / "h", wheelhouse_root=tmp_path / "w")
     with pytest.raises(PreflightFailed, match=r"GiB free at .*, the build needs 1000000\.0 GiB"):
         build.run(p)
-    assert not build.oracle_path(tmp_path / "h", pin).exists()
+    assert not layout.oracle_path(tmp_path / "h", pin.key).exists()
     monkeypatch.delenv("ORACLE_BUILD_MIN_FREE_GIB")
     odd = tmp_path / "odd.toml"
     odd.write_text(CPU_PIN.read_text().replace('python = "3.11"', 'python = "3.99"'))
@@ -138,9 +142,9 @@ def test_build_preflight_disk_and_python(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_engine_memory_floor_gives_both_numbers() -> None:
+    from oracle_build.contracts.pins import Target
+    from oracle_build.core.errors import PreflightFailed
     from oracle_build.engine import memory_preflight
-    from oracle_build.errors import PreflightFailed
-    from oracle_build.pins import Target
 
     huge = Target(device="cpu", machine="x86_64", memory_floor_gib=4096)
     with pytest.raises(PreflightFailed) as info:

@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from oracle_build import build, source
-from oracle_build.errors import BadInput, SourceError
-from oracle_build.pins import load_pin
+from oracle_build import build
+from oracle_build.build import source, steps
+from oracle_build.contracts.pins import load_pin
+from oracle_build.core import layout
+from oracle_build.core.errors import BadInput, SourceError
+from tests.conftest import git_pin_text, planned_and_executed
 
 SETUP_PY = """
 from setuptools import Extension, setup
@@ -90,26 +93,9 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Repo:
 
 def write_pin(tmp_path: Path, repo: Repo, *, commit: str | None = None,
               repository: str | None = None, version: str | None = None) -> Path:
-    text = f"""
-schema = 1
-id = "srcpkg"
-python = "3.11"
-lock = {{ status = "unestablished", reason = "a test package with no dependencies" }}
-
-[vllm]
-kind = "git"
-repository = "{repository or repo.path}"
-commit = "{commit or repo.pinned}"
-runtime_version = "{version or repo.version}"
-distribution = "vllm"
-
-[targets.cpu]
-device = "cpu"
-machine = "x86_64"
-kernel_check = "extension"
-"""
     path = tmp_path / "srcpkg.toml"
-    path.write_text(text)
+    path.write_text(git_pin_text(repository or str(repo.path), commit or repo.pinned,
+                                 version or repo.version))
     return path
 
 
@@ -122,7 +108,7 @@ def test_builds_at_pinned_commit_with_scm_version(tmp_path: Path, repo: Repo) ->
     assert ident.ok, ident.mismatches
     assert ident.summary()["vllm"] == repo.version  # dev count 3 and +g<sha> of the pin
     assert ident.facts["kernel"]["modules"] == ["vllm._C"]
-    venv = build.oracle_path(tmp_path / "home", pin)
+    venv = layout.oracle_path(tmp_path / "home", pin.key)
     import json
 
     record = json.loads((venv / "oracle-build" / "build-record.json").read_text())
@@ -132,6 +118,13 @@ def test_builds_at_pinned_commit_with_scm_version(tmp_path: Path, repo: Repo) ->
     assert record["wheel"]["version"] == repo.version
     assert len(record["wheel"]["sha256"]) == 64
     assert not any(r.startswith("torch") for r in record["build_requirements"])
+    # every command that ran is one the plan printed: clone, fetch, checkout, build, install
+    planned, executed = planned_and_executed(venv / "oracle-build" / "build.log")
+    assert [c for c in executed if c not in planned] == []
+    for what in (" clone --no-checkout -- ", " fetch --tags --force origin",
+                 " checkout --detach ", " -m pip wheel --no-deps --no-build-isolation ",
+                 f" --no-deps vllm=={repo.version}"):
+        assert any(what in c for c in executed), what
     # the built wheel is kept in the wheelhouse, keyed by the pin
     manifest = json.loads((tmp_path / "wh" / pin.key / "manifest.json").read_text())
     assert [v["origin"] for v in manifest["wheels"].values()] == ["built"]
@@ -202,28 +195,8 @@ def test_bundle_source(tmp_path: Path, repo: Repo) -> None:
 
 
 def test_version_hints() -> None:
-    assert build.version_hint("0.1.1.dev3+ga9eb142e3") == ""
-    assert "dirty" in build.version_hint("0.1.1.dev3+ga9eb142e3.d20261129")
-    assert "PRECOMPILED" in build.version_hint("0.23.1rc1.dev1511+g555967922.precompiled")
-    assert "VLLM_MAIN_CUDA_VERSION" in build.version_hint("0.23.1rc1.dev1511+g555967922.cu130")
-    assert "no tags" in build.version_hint("0.1.dev1511+g555967922")
-
-
-def test_scan_externals(tmp_path: Path) -> None:
-    (tmp_path / "cmake" / "external_projects").mkdir(parents=True)
-    (tmp_path / "CMakeLists.txt").write_text(
-        "FetchContent_Declare(\n  cutlass\n  GIT_REPOSITORY https://github.com/nvidia/cutlass.git"
-        "\n  GIT_TAG v4.2.1\n  GIT_PROGRESS TRUE\n)\n")
-    (tmp_path / "cmake" / "external_projects" / "flashmla.cmake").write_text(
-        "if(FLASH_MLA_SRC_DIR)\n  FetchContent_Declare(flashmla SOURCE_DIR ${FLASH_MLA_SRC_DIR})"
-        "\nelse()\n  FetchContent_Declare(\n    flashmla\n    GIT_REPOSITORY "
-        "https://github.com/vllm-project/FlashMLA\n    GIT_TAG "
-        "46d64a8ebef03fa50b4ae74937276a5c940e3f95\n  )\nendif()\n")
-    found = source.scan_externals(tmp_path)
-    assert found == [
-        {"name": "cutlass", "repository": "https://github.com/nvidia/cutlass.git",
-         "commit": "v4.2.1", "source": "CMakeLists.txt:1"},
-        {"name": "flashmla", "repository": "https://github.com/vllm-project/FlashMLA",
-         "commit": "46d64a8ebef03fa50b4ae74937276a5c940e3f95",
-         "source": "cmake/external_projects/flashmla.cmake:4"},
-    ]
+    assert steps.version_hint("0.1.1.dev3+ga9eb142e3") == ""
+    assert "dirty" in steps.version_hint("0.1.1.dev3+ga9eb142e3.d20261129")
+    assert "PRECOMPILED" in steps.version_hint("0.23.1rc1.dev1511+g555967922.precompiled")
+    assert "VLLM_MAIN_CUDA_VERSION" in steps.version_hint("0.23.1rc1.dev1511+g555967922.cu130")
+    assert "no tags" in steps.version_hint("0.1.dev1511+g555967922")

@@ -10,12 +10,13 @@ from typing import Any
 import jsonschema
 import pytest
 
-from oracle_build import compare, schemas
+from oracle_build import judge as compare
 from oracle_build.cli import main
-from oracle_build.errors import BadInput
-from oracle_build.golden import load_golden
-from oracle_build.verify import check_gate, exit_code
-from tests.conftest import TINY_SPEC, BuiltOracle, copy_tree_for_golden
+from oracle_build.commands.verify import check_gate, exit_code
+from oracle_build.contracts import schemas
+from oracle_build.contracts.golden import load_golden
+from oracle_build.core.errors import BadInput
+from tests.conftest import REPO, TINY_SPEC, BuiltOracle, copy_tree_for_golden
 
 
 def edit_golden(folder: Path, change: Any) -> dict[str, Any]:
@@ -80,7 +81,7 @@ def test_not_verifiable_here_still_checks_records(tmp_path: Path,
 
 
 def test_exit_code_precedence() -> None:
-    from oracle_build.verify import GoldenVerdict
+    from oracle_build.contracts.reports import GoldenVerdict
 
     def v(status: str) -> GoldenVerdict:
         return GoldenVerdict(name="n", path="p", status=status)  # type: ignore[arg-type]
@@ -96,14 +97,17 @@ def test_exit_code_precedence() -> None:
 
 @pytest.mark.slow
 def test_committed_golden_passes_and_is_untouched(cpu_oracle: BuiltOracle,
+                                                  monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     before = (TINY_SPEC / "golden.json").read_bytes()
-    code = main(["verify", str(TINY_SPEC), "--json", "--home", str(cpu_oracle.home)])
+    monkeypatch.chdir(REPO)  # no golden named: every goldens/*/golden.json
+    code = main(["verify", "--json", "--home", str(cpu_oracle.home)])
     out = capsys.readouterr().out
     assert code == 0, out
     report = json.loads(out)
     jsonschema.validate(report, schemas.committed("verify-report.schema.json"))
     (g,) = report["goldens"]
+    assert g["path"] == "goldens/tiny-llama-greedy/golden.json"
     assert g["status"] == "pass" and g["adjudicable"] and not g["configuration"]
     assert all(t["kind"] == "match" and t["prompt_ids_equal"] for t in g["tokens"])
     assert g["summary"].startswith("STRICT token-exact 3/3; near-tie 0/3; real divergence 0/3")
@@ -168,8 +172,13 @@ def test_oracle_mismatch_names_fields(cpu_oracle: BuiltOracle, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     folder = copy_tree_for_golden(tmp_path)
     edit_golden(folder, lambda d: d["oracle"]["identity"].update(transformers="5.18.0"))
+    logs = cpu_oracle.home / "logs"
+    before = sorted(logs.iterdir()) if logs.exists() else []
     code = main(["verify", str(folder), "--home", str(cpu_oracle.home)])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert code == 3
     assert "ORACLE MISMATCH" in out and "transformers: golden 5.18.0, current 5.19.0" in out
+    # identity first: nothing was run for that golden (no engine, no engine log, no tokens)
+    assert "==> engine" not in err and "tokens:" not in out
+    assert (sorted(logs.iterdir()) if logs.exists() else []) == before
 

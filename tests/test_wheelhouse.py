@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from oracle_build import build
-from oracle_build.errors import BadInput
-from oracle_build.pins import load_pin
-from oracle_build.wheelhouse import Wheelhouse
+from oracle_build.build.wheelhouse import Wheelhouse
+from oracle_build.contracts.pins import load_pin
+from oracle_build.core import layout
+from oracle_build.core.errors import BadInput
 from tests.conftest import CPU_PIN, BuiltOracle
 
 pytestmark = pytest.mark.slow
@@ -46,14 +47,14 @@ def test_rebuild_installs_the_same_set_and_tampered_wheel_is_refused(
     assert outcome.identity.ok
     rejected = list((wh_root / pin.key / "rejected").iterdir())
     assert [r.name.split(".whl")[0] for r in rejected] == [victim.name.split(".whl")[0]]
-    rec = record(build.oracle_path(home, pin))
+    rec = record(layout.oracle_path(home, pin.key))
     assert rec["origin"] == "fetched"  # the refused wheel was downloaded again
     first = record(cpu_oracle.venv)
     assert rec["distributions"] == first["distributions"]  # same names, versions, sha256
     # and once the wheelhouse is whole again, a rebuild is offline and from it alone
     again = build.build_oracle(pin, "cpu", home=tmp_path / "home2", wheelhouse_root=wh_root)
     assert again.identity.ok
-    assert record(build.oracle_path(tmp_path / "home2", pin))["origin"] == "wheelhouse"
+    assert record(layout.oracle_path(tmp_path / "home2", pin.key))["origin"] == "wheelhouse"
 
 
 def test_another_pins_wheelhouse_is_not_used(cpu_oracle: BuiltOracle, tmp_path: Path) -> None:

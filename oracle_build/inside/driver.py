@@ -51,8 +51,6 @@ RESOLVED = {
 # Keys whose config value may be "auto"/None: the engine's real choice is read elsewhere.
 CHOSEN_ELSEWHERE = {"attention_backend", "moe_backend"}
 
-ENV_PREFIXES = ("VLLM_", "CUDA", "TORCH", "TRITON_", "FLASHINFER_", "NCCL", "CUBLAS",
-                "OMP_", "KMP_", "MKL_", "PYTORCH_", "LD_PRELOAD")
 MISSING = object()
 
 
@@ -190,7 +188,9 @@ def main(argv):
         req = json.load(fh)
     result = {"driver_schema": DRIVER_SCHEMA, "ok": False}
     t0 = time.monotonic()
-    result["env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+    # The harness names the variables it records (this script imports nothing from it).
+    prefixes = tuple(req["record_env_prefixes"])
+    result["env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefixes)}
     try:
         import torch
         import vllm
@@ -201,7 +201,7 @@ def main(argv):
         # What vLLM/torch set for themselves on import, apart from what the caller set.
         result["env_after_import"] = {
             k: v for k, v in sorted(os.environ.items())
-            if k.startswith(ENV_PREFIXES) and result["env"].get(k) != v}
+            if k.startswith(prefixes) and result["env"].get(k) != v}
         start = time.monotonic()
         llm = LLM(model=req["model"], **req["engine_args"])
         result["engine_start_seconds"] = round(time.monotonic() - start, 3)

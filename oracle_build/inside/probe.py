@@ -1,4 +1,5 @@
-"""Identity probe: run by the oracle venv's python (``python -I probe.py OUT.json ...``)
+"""Identity probe: run by the oracle venv's python
+(``python -I probe.py OUT.json KERNEL_CHECK DEVICE ENV_PREFIXES``)
 from a neutral working directory. Standard library only. Gathers facts; the
 harness compares them with the pin. Writes JSON to a file, because vLLM logs
 to stdout."""
@@ -122,6 +123,22 @@ def extension_files(package_dir):
     return sorted(out, key=lambda e: e["path"])
 
 
+def package_facts(package_dir):
+    """What the installed vLLM package holds beyond its version: the commit id its
+    _version.py records (vLLM >= 0.32), and whether the Rust front end binary is there."""
+    import re
+
+    commit_id = None
+    path = os.path.join(package_dir, "_version.py")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            m = re.search(r"__commit_id__\s*=\s*(?:commit_id\s*=\s*)?['\"](g?[0-9a-f]+)['\"]",
+                          fh.read())
+        commit_id = m.group(1) if m else None
+    return {"commit_id": commit_id,
+            "rust_frontend": os.path.isfile(os.path.join(package_dir, "vllm-rs"))}
+
+
 def check_rms_norm(device):
     """Run vLLM's compiled rms_norm op and compare it with plain torch."""
     import torch
@@ -165,9 +182,11 @@ def main(argv):
     out_path = argv[1]
     kernel_check = argv[2] if len(argv) > 2 else "rms_norm"
     device = argv[3] if len(argv) > 3 else "cpu"
+    # The harness passes the prefixes it records (this script imports nothing from it).
+    prefixes = tuple(p for p in (argv[4] if len(argv) > 4 else "VLLM_").split(",") if p)
     facts = {"probe_schema": 1, "python": python_facts()}
     facts["env"] = {k: v for k, v in sorted(os.environ.items())
-                    if k.startswith(("VLLM_", "PYTHON", "CUDA", "TORCH", "TRITON_"))}
+                    if k.startswith((*prefixes, "PYTHON"))}
     dists, dups = distributions()
     facts["distributions"] = dists
     facts["duplicate_distributions"] = dups
@@ -183,6 +202,7 @@ def main(argv):
     if "error" not in vllm:
         package_dir = os.path.dirname(vllm["file"])
         facts["extensions"] = extension_files(package_dir)
+        facts["vllm_package"] = package_facts(package_dir)
         try:
             if kernel_check == "rms_norm":
                 kernel = check_rms_norm(device)

@@ -25,14 +25,12 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from oracle_build.errors import BadInput, Refused
-from oracle_build.files import atomic_write_bytes, dumps_json, load_json, sha256_file, validate
-from oracle_build.golden import (
+from oracle_build import host, judge
+from oracle_build.contracts.base import SAFE_NAME, Strict, TokenId
+from oracle_build.contracts.golden import (
     GOLDEN_SCHEMA,
     RESOLVED_KEYS,
-    SAFE_NAME,
     EngineRecord,
-    GateSpec,
     Golden,
     ImportRecord,
     LegsRecord,
@@ -40,11 +38,19 @@ from oracle_build.golden import (
     PromptRecord,
     ReadValue,
     StatedOracle,
-    TokenId,
     publish,
     recorded,
 )
-from oracle_build.meta import tool_facts, utc_now
+from oracle_build.contracts.spec import GateSpec
+from oracle_build.core.errors import BadInput, Refused
+from oracle_build.core.files import (
+    atomic_write_bytes,
+    dumps_json,
+    load_json,
+    sha256_file,
+    validate,
+)
+from oracle_build.core.layout import utc_now
 
 LEGACY_KEYS = {"vllm", "transformers", "flashinfer", "model", "revision", "sampling", "golden"}
 RESOLVED_20 = RESOLVED_KEYS
@@ -52,16 +58,12 @@ NULLABLE_RESOLVED = {"num_gpu_blocks_override"}
 PAD = -1
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LegacySampling(_Strict):
+class LegacySampling(Strict):
     temperature: float
     max_tokens: int = Field(ge=1)
 
 
-class LegacyPrompt(_Strict):
+class LegacyPrompt(Strict):
     prompt: str
     prompt_token_ids: list[TokenId] = Field(min_length=1)
     token_ids: list[TokenId]
@@ -81,7 +83,7 @@ class CaptureBlock(BaseModel):
     legs_agree: bool | None = None
 
 
-class OracleJson(_Strict):
+class OracleJson(Strict):
     vllm: str
     transformers: str
     flashinfer: str
@@ -211,13 +213,8 @@ def read_battery(folder: Path) -> dict[str, Any]:
     tokens = [_row(ids[i], ids_path, f"row {i}") for i in range(n)]
     legs = [[_row(dist[i, :, j], dist_path, f"[{i},:,{j}]") for i in range(n)]
             for j in range(k)]
-    cells = []
-    for i in range(n):
-        for pos in range(t):
-            values = sorted({int(v) for v in dist[i, pos] if v != PAD})
-            if len(values) > 1:
-                cells.append({"prompt": f"p{i}", "position": pos, "values": values})
-    return {"prompts": prompts, "tokens": tokens, "legs": legs, "cells": cells,
+    agreement = judge.legs_agreement(legs, [f"p{i}" for i in range(n)])
+    return {"prompts": prompts, "tokens": tokens, "legs": legs, "agreement": agreement,
             "candidate": candidate, "files": files, "shape": [n, t, k]}
 
 
@@ -343,10 +340,12 @@ def _build(name: str, path: Path, doc: tuple[dict[str, Any], OracleJson] | None,
     cells: list[dict[str, Any]] = []
     if battery is not None:
         k = len(battery["legs"])
-        cells = battery["cells"]
-        nondet = bool(cells)
+        agreement = battery["agreement"]
+        cells = agreement.cells
+        nondet = not agreement.agree
         if k >= 2:
-            legs = LegsRecord(count=k, agree=not cells, tokens=battery["legs"])
+            legs = LegsRecord(count=k, agree=agreement.agree, tokens=battery["legs"],
+                              disagreements=agreement.disagreements)
         else:
             unrecorded["legs"] = "the battery holds a single run"
     elif cap is not None and cap.legs is not None:
@@ -362,7 +361,7 @@ def _build(name: str, path: Path, doc: tuple[dict[str, Any], OracleJson] | None,
         unrecorded.setdefault(field, why)
     gate = GateSpec(kind="distributional" if nondet else "strict")
     source = ImportRecord(format=fmt, path=str(path.resolve()), files=files,
-                          imported_utc=utc_now(), tool=tool_facts(),
+                          imported_utc=utc_now(), tool=host.tool_facts(),
                           source_fields=source_fields,
                           candidate=battery["candidate"] if battery else None)
     return Golden(golden_schema=GOLDEN_SCHEMA, name=name, spec=None, oracle=oracle,

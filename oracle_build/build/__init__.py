@@ -1,0 +1,61 @@
+"""build_oracle: pin + target -> plan (``plan.py``) -> steps run in a staging folder
+(``steps.py``) -> identity -> build record and the publishing rename (``record.py``).
+``source.py`` is the git checkout, ``wheelhouse.py`` the hash-checked wheel store,
+``lock.py`` the lock regeneration."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from oracle_build import identity
+from oracle_build.build.plan import Plan, plan
+from oracle_build.build.steps import run
+from oracle_build.contracts.pins import Pin
+from oracle_build.core import layout
+from oracle_build.core.errors import IdentityMismatch
+from oracle_build.core.filelock import held
+from oracle_build.core.log import fmt_seconds, say
+from oracle_build.oracle_venv import OracleVenv
+
+__all__ = ["BuildOutcome", "Plan", "build_oracle", "plan", "run"]
+
+
+@dataclass
+class BuildOutcome:
+    identity: identity.Identity
+    built: bool
+    seconds: float
+
+
+def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
+                 mirror: str | None = None, externals_dir: Path | None = None,
+                 checkout: Path | None = None, rebuild: bool = False,
+                 wait: bool = True) -> BuildOutcome:
+    """The pin's oracle for this target: re-checked if in place, else built and published."""
+    start = time.monotonic()
+    oracle = OracleVenv(layout.oracle_path(home, pin.key))
+    target = pin.target(target_name)
+    with held(layout.build_lock(home, pin.key), what=f"build_oracle {pin.key}", wait=wait):
+        if oracle.is_real_dir() and not oracle.has_record():
+            aside = layout.set_aside(home, "incomplete", pin.key)
+            os.rename(oracle.path, aside)
+            say(f"{oracle.path} has no build record (an interrupted publish?): it is not the "
+                f"oracle; moved to {aside} and building again")
+        if oracle.exists() and not rebuild:
+            say(f"oracle already at {oracle.path}; re-checking its identity")
+            ident = identity.check(pin, target, oracle.path)
+            if not ident.ok:
+                raise IdentityMismatch(
+                    ident.mismatches, where=str(oracle.path),
+                    hint="the oracle drifted; it is not replaced silently: "
+                    "`build_oracle -- --rebuild` rebuilds it")
+            return BuildOutcome(ident, False, time.monotonic() - start)
+        p = plan(pin, target_name, home=home, wheelhouse_root=wheelhouse_root, mirror=mirror,
+                 externals_dir=externals_dir, checkout=checkout)
+        say(p.render())
+        ident = run(p)
+        say(f"built in {fmt_seconds(time.monotonic() - start)}; record: {oracle.record_path}")
+        return BuildOutcome(ident, True, time.monotonic() - start)

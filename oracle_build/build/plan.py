@@ -1,0 +1,325 @@
+"""The build plan: pin + target + host paths -> an ordered list of steps, each with the
+exact commands and environment it runs. ``--dry-run`` prints this object; ``steps.run``
+executes the same object, command for command, so the printed plan cannot lie.
+
+A step's action is a function of ``steps`` (no dispatch on names). Commands that run only
+under a condition (a wheel missing from the wheelhouse) say so in ``Cmd.when``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from oracle_build.build import source
+from oracle_build.build.checkout import KNOWN_SWITCHES, CheckoutFacts, pin_problems, read_checkout
+from oracle_build.build.wheelhouse import Wheelhouse
+from oracle_build.contracts.pins import GitSource, Pin, Target, WheelSource
+from oracle_build.core import env as envmod
+from oracle_build.core import layout
+from oracle_build.core.proc import Cmd
+from oracle_build.oracle_venv import uv
+
+if TYPE_CHECKING:
+    from oracle_build.build.steps import BuildState
+
+# Removed from the wheel build's environment whatever the caller set: each makes the
+# build take kernels from elsewhere or stamp a version it did not compute.
+WHEEL_UNSET = ("VLLM_USE_PRECOMPILED", "SETUPTOOLS_SCM_PRETEND_VERSION")
+UV_VERSION = "0.13.9"
+
+
+@dataclass
+class Step:
+    name: str
+    about: str
+    action: Callable[[BuildState, Step], None]
+    commands: list[Cmd] = field(default_factory=list)
+    blocked_by: list[str] = field(default_factory=list)  # unestablished pin values it needs
+
+
+@dataclass
+class Plan:
+    pin: Pin
+    target_name: str
+    target: Target
+    home: Path
+    venv: Path  # final location
+    staging: Path
+    wheelhouse: Wheelhouse
+    mirror: str | None
+    externals_dir: Path | None
+    steps: list[Step]
+    build_env: dict[str, str]
+    from_wheelhouse: bool
+    checkout: Path | None = None  # a tree the plan read its facts from (--checkout)
+    checkout_facts: CheckoutFacts | None = None
+
+    @property
+    def staging_venv(self) -> Path:
+        return self.staging / "venv"
+
+    @property
+    def log(self) -> Path:
+        return self.staging / layout.BUILD_LOG
+
+    def file(self, name: str) -> Path:
+        """A file the build writes into its staging folder (requirement lists)."""
+        return self.staging / name
+
+    def resolved(self) -> dict[str, Any]:
+        """Everything the build is about to use; printed first, recorded last."""
+        src = self.pin.model.vllm
+        return {
+            "pin": str(self.pin.path),
+            "pin_id": self.pin.id,
+            "pin_hash": self.pin.content_hash,
+            "target": self.target_name,
+            "device": self.target.device,
+            "vllm": (f"git {src.repository} @ {src.commit}" if isinstance(src, GitSource)
+                     else f"wheel {src.distribution}=={src.version} sha256:{src.sha256}"),
+            "expected_runtime_version": self.pin.expected_runtime_version(),
+            "python": self.pin.model.python,
+            "torch": self.pin.model.torch.version if self.pin.model.torch else None,
+            "packages": dict(self.pin.model.packages),
+            "venv": str(self.venv),
+            "staging": str(self.staging),
+            "wheelhouse": str(self.wheelhouse.root),
+            "mirror": self.mirror,
+            "externals_dir": str(self.externals_dir) if self.externals_dir else None,
+            "build_env": dict(sorted(self.build_env.items())),
+            "from_wheelhouse": self.from_wheelhouse,
+            "rust_frontend": (self.pin.model.build.rust_frontend
+                              if isinstance(self.pin.model.vllm, GitSource) else None),
+            "checkout": str(self.checkout) if self.checkout else None,
+        }
+
+    def render(self) -> str:
+        lines = [f"build plan for pin {self.pin.id} ({self.pin.key}), target {self.target_name}"]
+        for key, value in self.resolved().items():
+            if key == "build_env":
+                continue
+            lines.append(f"  {key}: {value}")
+        lines.append("  every command runs with this environment, minus "
+                     + ", ".join(sorted(envmod.SCRUBBED)) + " and every "
+                     + ", ".join(f"{p}*" for p in envmod.BUILD_DROPPED_PREFIXES)
+                     + " variable, plus what the command lists")
+        for index, step in enumerate(self.steps, start=1):
+            lines.append(f"  [{index}/{len(self.steps)}] {step.name}: {step.about}")
+            for blocked in step.blocked_by:
+                lines.append(f"      REFUSES TO RUN: {blocked}")
+            for cmd in step.commands:
+                lines += cmd.render()
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"resolved": self.resolved(),
+                "steps": [{"name": s.name, "about": s.about, "blocked_by": s.blocked_by,
+                           "commands": [c.as_dict() for c in s.commands]} for s in self.steps]}
+
+
+def wheel_build_env(pin: Pin, target: Target, externals: dict[str, str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    env.update(pin.model.build.env)
+    env.update(target.build_env)
+    if target.device == "cuda" and target.torch_cuda_arch_list:
+        env["TORCH_CUDA_ARCH_LIST"] = target.torch_cuda_arch_list
+    if pin.model.build.cmake_args:
+        env["CMAKE_ARGS"] = " ".join(pin.model.build.cmake_args)
+    env.update(externals)
+    env["PIP_CONFIG_FILE"] = os.devnull  # no index, no find-links, no cache: build what is here
+    env["PIP_NO_CACHE_DIR"] = "1"
+    return env
+
+
+def rust_switches(decision: str | None) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The wheel build's environment for the pin's Rust front-end decision: "build" makes
+    setup.py's optional vllm-rs mandatory; "skip" names a cargo that always fails, so
+    setuptools-rust skips the optional binary (the wheel check then holds the build to it)."""
+    if decision == "build":
+        return {"VLLM_REQUIRE_RUST_FRONTEND": "1"}, ()
+    if decision == "skip":
+        return {"CARGO": "/bin/false"}, ("VLLM_REQUIRE_RUST_FRONTEND",)
+    return {}, ()
+
+
+def _uv(*args: str, when: str | None = None) -> Cmd:
+    return Cmd([uv(), *args], env=dict(envmod.UV), when=when)
+
+
+def _download(listing: Path, dest: Path, *, index: str | None, when: str) -> Cmd:
+    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
+            "--progress-bar", "off", "-r", str(listing), "-d", str(dest)]
+    if index is not None:
+        argv += ["--index-url", index, "--retries", "1", "--timeout", "30"]
+    return Cmd(argv, what="pip download", when=when)
+
+
+def fetch_commands(plan_files: Callable[[str], Path], wh: Wheelhouse, pin: Pin) -> list[Cmd]:
+    """Where a wheel comes from does not matter, only its hash: first this host's pip
+    configuration (PyPI, local mirrors, find-links); the pin's torch index only for torch,
+    and only if torch is still missing (an unreachable index is retried per package)."""
+    cmds = [_download(plan_files("download.txt"), wh.incoming, index=None,
+                      when="if locked wheels other than torch are missing from the wheelhouse "
+                      "(they are listed in that file)"),
+            _download(plan_files("download-torch.txt"), wh.incoming, index=None,
+                      when="if torch is missing from the wheelhouse")]
+    if pin.model.torch is not None:
+        cmds.append(_download(plan_files("download-torch.txt"), wh.incoming,
+                              index=pin.model.torch.index,
+                              when="if torch is still missing after that"))
+    return cmds
+
+
+def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
+         mirror: str | None = None, externals_dir: Path | None = None,
+         checkout: Path | None = None) -> Plan:
+    """``checkout``: a tree at the pinned commit to read the build's facts from now
+    (externals, switches, requirements, Rust); without it the build reads them from its
+    own clone before configure, and refuses there what it would refuse here."""
+    from oracle_build.build import steps as act
+
+    target = pin.target(target_name)
+    venv = layout.oracle_path(home, pin.key)
+    staging = layout.staging_dir(home, pin.key)
+    wh = Wheelhouse.for_pin(wheelhouse_root, pin)
+    svenv = staging / "venv"
+    py = str(svenv / "bin" / "python")
+    src = pin.model.vllm
+    files: Callable[[str], Path] = lambda name: staging / name  # noqa: E731
+    steps: list[Step] = []
+    build_env: dict[str, str] = {}
+    from_wheelhouse = False
+    lock_install = _uv("pip", "install", "--python", py, "--offline", "--no-index",
+                       "--find-links", str(wh.root), "--no-deps", "--require-hashes",
+                       "-r", str(files("requirements.lock.txt")))
+
+    steps.append(Step("preflight", "disk space, Python, host memory; for CUDA the toolkit, "
+                      "nvcc and driver", act.preflight))
+    steps.append(Step("venv", f"create the staging venv (python {pin.model.python})",
+                      act.commands, [_uv("venv", "--python", pin.model.python, "--no-project",
+                                         str(svenv))]))
+    fetch = Step("fetch", f"put every locked wheel in the wheelhouse {wh.root}, each checked "
+                 "against its sha256 (download only what is missing or bad)", act.fetch,
+                 fetch_commands(files, wh, pin))
+
+    if isinstance(src, WheelSource):
+        steps.append(fetch)
+        steps.append(Step("install", "install the locked set offline from the wheelhouse",
+                          act.install_locked, [lock_install]))
+    else:
+        assert isinstance(src, GitSource)
+        built = (wh.find_built(src.distribution, src.expected_distribution_version)
+                 if wh.manifest_path.exists() else None)
+        from_wheelhouse = built is not None
+        wheel_dir = wh.root if from_wheelhouse else staging / "dist"
+        if from_wheelhouse:
+            steps.append(Step("wheelhouse", f"use the vLLM wheel built earlier for this pin: "
+                              f"{built}", act.use_built))
+        else:
+            origin = mirror or src.repository
+            if checkout is not None:
+                facts = read_checkout(checkout, device=target.device, machine=target.machine,
+                                      preferred_requirements=pin.model.build.build_requirements)
+                switches = tuple(facts.switches)
+                source_blocked = pin_problems(
+                    facts, list(pin.model.externals), pin.model.build.rust_frontend,
+                    pin.model.torch.version if pin.model.torch else None, target.machine)
+            else:
+                facts, switches, source_blocked = None, KNOWN_SWITCHES, []
+            steps.append(Step(
+                "source", f"clone {origin} (full history, tags), check out {src.commit}; "
+                "between the commands: not shallow, the commit present; after: HEAD, full "
+                "history, a reachable tag, a clean tree, and the externals its cmake files "
+                "declare equal to the pin's", act.source_,
+                source.clone_commands(origin, staging / "src", src.commit), source_blocked))
+            blocked = []
+            ext_cmds: list[Cmd] = []
+            ext_env: dict[str, str] = {}
+            for ext in pin.model.externals:
+                local = staging / "externals" / ext.name
+                ext_env[ext.src_dir_var] = str(local)
+                if not ext.established:
+                    blocked.append(f"externals.{ext.name}.commit is unestablished: "
+                                   f"{ext.commit.reason}")  # type: ignore[union-attr]
+                    continue
+                origin_ext = str(externals_dir / ext.name) if externals_dir else ext.repository
+                ext_cmds += source.clone_commands(origin_ext, local, str(ext.commit))
+            if pin.model.externals:
+                if externals_dir is None:
+                    blocked.append("no --externals DIR of local mirrors given; with "
+                                   "FETCHCONTENT_FULLY_DISCONNECTED=ON CMake cannot fetch them")
+                steps.append(Step("externals", "local copies of the CMake FetchContent "
+                                  "externals at their pinned commits, each verified",
+                                  act.externals, ext_cmds, blocked))
+            build_env = wheel_build_env(pin, target, ext_env)
+            rust_env, rust_unset = rust_switches(pin.model.build.rust_frontend)
+            if pin.model.torch is not None:
+                steps.append(Step(
+                    "torch", f"install the pinned torch from {pin.model.torch.index}",
+                    act.commands, [_uv("pip", "install", "--python", py,
+                                       f"torch=={pin.model.torch.version}", "--index-url",
+                                       pin.model.torch.index)]))
+            reqs_about = ("pyproject.toml's [build-system] requires, then "
+                          + (f"{pin.model.build.build_requirements} if the tree has it, else "
+                             if pin.model.build.build_requirements != "auto" else "")
+                          + f"requirements/build/{target.device}.txt or requirements/build.txt")
+            if facts is not None and facts.requirements is not None:
+                reqs_about = (" + ".join(facts.requirements.sources) + ": "
+                              + ", ".join(facts.requirements.lines))
+            steps.append(Step(
+                "build-requirements",
+                f"write the checkout's build requirements ({reqs_about}; torch is the pin's) "
+                "to a file outside the tree, then install them with the pinned pip",
+                act.build_requirements,
+                [_uv("pip", "install", "--python", py, f"pip=={pin.model.build.pip}",
+                     "-r", str(files("build-requirements.txt")))]))
+            steps.append(Step(
+                "wheel", "build the vLLM wheel from the checkout: no build isolation, no "
+                "cached wheel, every precompiled-kernel switch removed from the environment, "
+                f"the Rust front end: {pin.model.build.rust_frontend or 'not decided'}",
+                act.commands,
+                [Cmd([py, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                      "--no-cache-dir", "--verbose", "-w", str(wheel_dir),
+                      str(staging / "src")], env={**build_env, **rust_env},
+                     unset=(*WHEEL_UNSET, *(s for s in switches if s not in WHEEL_UNSET),
+                            *rust_unset),
+                     what="pip wheel (vLLM build)")]))
+            steps.append(Step(
+                "check-wheel", "the wheel's version is the pin's distribution version; its "
+                "sha256 is recorded and the wheel kept in the wheelhouse"
+                + ("; the sm_XX set in the configure log and in the built libraries "
+                   "(cuobjdump --list-elf) is the target's" if target.device == "cuda" else ""),
+                act.check_wheel))
+        vllm_req = f"{src.distribution}=={src.expected_distribution_version}"
+        if pin.lock_entries is not None:
+            steps.append(fetch)
+            install_cmds = [_uv("pip", "install", "--python", py, "--offline", "--no-index",
+                                "--find-links", str(wheel_dir), "--no-deps", vllm_req),
+                            lock_install]
+            about = "from the lock, offline"
+        else:
+            pinned = [f"{n}=={v}" for n, v in pin.model.packages.items()]
+            torch_args = ([f"torch=={pin.model.torch.version}", "--extra-index-url",
+                           pin.model.torch.index, "--index-strategy", "unsafe-best-match"]
+                          if pin.model.torch else [])
+            install_cmds = [_uv("pip", "install", "--python", py, "--find-links",
+                                str(wheel_dir), vllm_req, *pinned, *torch_args)]
+            about = ("at the pin's exact versions (no lock: every installed distribution "
+                     "is recorded)")
+        steps.append(Step("install", "install the vLLM wheel (not editable) and the runtime "
+                          "dependencies " + about, act.install_built, install_cmds))
+
+    steps.append(Step("identity", "probe the staging venv with its own python from a neutral "
+                      "directory", act.identity_))
+    steps.append(Step("publish", f"write the build record, keep the wheels, move the venv to "
+                      f"{venv}, re-check identity there", act.publish))
+    result = Plan(pin, target_name, target, home, venv, staging, wh, mirror, externals_dir,
+                  steps, build_env, from_wheelhouse)
+    if isinstance(src, GitSource) and not from_wheelhouse and checkout is not None:
+        result.checkout, result.checkout_facts = checkout, facts
+    return result

@@ -1,0 +1,104 @@
+"""The build record, and publishing: the record is written into the staging venv, then
+one rename moves the venv into place (the commit point). A venv at the oracle path
+without a build record is never the oracle."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from typing import TYPE_CHECKING, Any
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from oracle_build import host, identity
+from oracle_build.build.plan import UV_VERSION
+from oracle_build.contracts.pins import GitSource
+from oracle_build.core import layout
+from oracle_build.core.errors import IdentityMismatch
+from oracle_build.core.files import atomic_write_json
+from oracle_build.oracle_venv import OracleVenv
+
+if TYPE_CHECKING:
+    from oracle_build.build.steps import BuildState
+
+RECORD_SCHEMA = 1
+
+
+def build_record(state: BuildState, ident: identity.Identity) -> dict[str, Any]:
+    p = state.plan
+    lock_hashes = {e.key: e.sha256[0] for e in (p.pin.lock_entries or ())}
+    manifest = p.wheelhouse.files() if p.wheelhouse.manifest_path.exists() else {}
+    wheel_by_key: dict[str, tuple[str | None, str | None]] = {}
+    for filename, info in manifest.items():
+        name, _version, _b, _t = parse_wheel_filename(filename)
+        wheel_by_key[str(canonicalize_name(name))] = (filename, info["sha256"])
+    dists = OracleVenv(p.staging_venv).distributions()
+    return {
+        "record_schema": RECORD_SCHEMA,
+        "created_utc": layout.utc_now(),
+        "tool": host.tool_facts(),
+        "pin": p.pin.summary(),
+        "target": {"name": p.target_name, **p.target.model_dump(mode="json")},
+        "resolved": p.resolved(),
+        "host": host.facts(p.build_env.get("CUDA_HOME")),
+        "installer": {"uv": UV_VERSION, "pip_for_wheel_build": (
+            p.pin.model.build.pip if isinstance(p.pin.model.vllm, GitSource) else None)},
+        "origin": state.origin,
+        "source": state.facts.get("source"),
+        "externals": state.facts.get("externals"),
+        "externals_declared": state.facts.get("externals_declared"),
+        "build_requirements": state.facts.get("build_requirements"),
+        "wheel": state.facts.get("wheel"),
+        "compiled_arches": state.facts.get("compiled_arches"),
+        "distributions": [
+            {"name": k, "version": v,
+             "wheel": wheel_by_key.get(k, (None, None))[0],
+             "sha256": wheel_by_key.get(k, (None, lock_hashes.get(k)))[1]}
+            for k, v in sorted(dists.items())
+        ],
+        "preflight": state.facts.get("preflight"),
+        "timings": dict(state.steps.timings),
+        "log": str(layout.record_dir(p.venv) / layout.BUILD_LOG),
+        "identity": ident.summary(),
+    }
+
+
+def publish(state: BuildState) -> identity.Identity:
+    p = state.plan
+    ident = state.identity
+    assert ident is not None
+    publish_start = time.monotonic()
+    staged = OracleVenv(p.staging_venv)
+    final_venv = OracleVenv(p.venv)
+    moved = identity.replace_path(build_record(state, ident), p.staging_venv, p.venv)
+    staged.record_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(p.log, staged.record_dir / layout.BUILD_LOG)
+    atomic_write_json(staged.record_dir / layout.IDENTITY_FACTS, ident.facts)
+    atomic_write_json(staged.record_path, moved)
+    replaced = None
+    p.venv.parent.mkdir(parents=True, exist_ok=True)
+    if final_venv.exists():
+        replaced = layout.set_aside(p.home, "replaced", p.pin.key)
+        os.rename(p.venv, replaced)
+    os.rename(p.staging_venv, p.venv)  # the commit point
+    final_venv.moved_from(p.staging_venv)
+    start = time.monotonic()
+    final = identity.relocated(p.pin, p.target, ident, p.staging_venv, p.venv)
+    if not final.ok:  # never leave a venv in place that fails identity
+        os.rename(p.venv, p.staging_venv)
+        if replaced is not None:
+            os.rename(replaced, p.venv)
+        raise IdentityMismatch(final.mismatches, where=f"{p.venv} (after the move)")
+    moved["identity"] = final.summary()
+    moved["timings"]["identity (final path)"] = round(time.monotonic() - start, 3)
+    moved["timings"]["publish"] = round(time.monotonic() - publish_start, 3)
+    moved["timings"]["total"] = round(sum(  # steps only; the final identity is in publish
+        v for k, v in moved["timings"].items() if k not in ("total", "identity (final path)")),
+        3)
+    atomic_write_json(final_venv.record_dir / layout.IDENTITY_FACTS, final.facts)
+    atomic_write_json(final_venv.record_path, moved)
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
+    shutil.rmtree(p.staging, ignore_errors=True)
+    return final

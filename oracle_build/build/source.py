@@ -1,0 +1,124 @@
+"""The vLLM source at a pinned commit: clone (never shallow) from the pin's URL, a
+local mirror or a git bundle; check out the commit; assert HEAD, full history,
+tags and a clean tree. Nothing here modifies a checkout the user owns."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from oracle_build.contracts.pins import check_git_url
+from oracle_build.core import env as envmod
+from oracle_build.core import proc
+from oracle_build.core.errors import BuildFailed, SourceError
+from oracle_build.core.proc import Cmd
+
+GIT_SAFE = ["-c", "protocol.ext.allow=never", "-c", "protocol.fd.allow=never",
+            "-c", "advice.detachedHead=false", "-c", "core.hooksPath=/dev/null"]
+
+
+def git_cmd(args: list[str], *, cwd: Path | None = None, when: str | None = None) -> Cmd:
+    """A git command: safe transports only, no hooks, no system config, no prompt."""
+    return Cmd(["git", *GIT_SAFE, *args], env=dict(envmod.GIT),
+               cwd=str(cwd) if cwd else None, what="git " + args[0], when=when)
+
+
+def git(args: list[str], *, cwd: Path | None = None, log: Path | None = None,
+        check: bool = True, echo: bool = True) -> proc.Result:
+    return proc.run_cmd(git_cmd(args, cwd=cwd), log=log, capture=True, check=check, echo=echo)
+
+
+@dataclass(frozen=True)
+class SourceFacts:
+    origin: str
+    commit: str
+    describe: str
+    shallow: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check_origin(origin: str) -> str:
+    """A mirror may be a local path (folder or .bundle file) or a safe URL."""
+    try:
+        check_git_url(origin if not Path(origin).exists() else str(Path(origin).resolve()))
+    except ValueError as exc:
+        raise SourceError(f"refusing source {origin!r}: {exc}") from None
+    return str(Path(origin).resolve()) if Path(origin).exists() else origin
+
+
+def verify_checkout(path: Path, commit: str, *, log: Path | None = None,
+                    need_tags: bool = True) -> SourceFacts:
+    """HEAD is the commit, history is full, tags are present, the tree is clean."""
+    shallow = git(["rev-parse", "--is-shallow-repository"], cwd=path, log=log,
+                  echo=False).output.strip()
+    if shallow == "true":
+        raise SourceError(
+            f"{path} is a shallow clone: setuptools-scm would compute a wrong version "
+            "(0.1.devN+g<sha>) from it",
+            hint="use a full clone (or --filter=blob:none) with tags as the mirror",
+        )
+    head = git(["rev-parse", "HEAD"], cwd=path, log=log, echo=False).output.strip()
+    if head != commit:
+        raise SourceError(f"{path}: HEAD is {head}, the pin says {commit}")
+    status = git(["status", "--porcelain", "--untracked-files=all"], cwd=path, log=log,
+                 echo=False).output
+    if status.strip():
+        lines = status.strip().splitlines()
+        raise SourceError(
+            f"{path}: the tree is dirty ({len(lines)} changed or untracked paths, e.g. "
+            f"{lines[0].strip()}); a dirty tree builds a version ending in .dYYYYMMDD that "
+            "is not the pin's",
+            hint="build from a clean checkout; run tree-modifying steps such as "
+            "use_existing_torch.py on a copy",
+        )
+    described = git(["describe", "--tags", "--long", "--always"], cwd=path, log=log,
+                    check=False, echo=False)
+    if need_tags and (described.returncode != 0 or "-g" not in described.output):
+        raise SourceError(
+            f"{path}: no tag reachable from {commit[:12]}; setuptools-scm would give 0.1.devN",
+            hint="fetch tags into the mirror (git fetch --tags)",
+        )
+    return SourceFacts(origin=str(path), commit=head, describe=described.output.strip(),
+                       shallow=False)
+
+
+def clone_commands(origin: str, dest: Path, commit: str) -> list[Cmd]:
+    """The three commands that clone ``origin`` at ``commit`` (full history and tags, never
+    --depth): what the plan prints and what ``clone_at`` runs, between its checks."""
+    origin = check_origin(origin)
+    is_remote = "://" in origin and not origin.startswith("file://")
+    args = ["clone", "--no-checkout"]
+    if is_remote:
+        args.append("--filter=blob:none")  # full history, blobs on demand; never --depth
+    return [git_cmd([*args, "--", origin, str(dest)]),
+            git_cmd(["fetch", "--tags", "--force", "origin"], cwd=dest),
+            git_cmd(["checkout", "--detach", commit], cwd=dest)]
+
+
+def clone_at(origin: str, dest: Path, commit: str, *, log: Path | None = None,
+             need_tags: bool = True) -> SourceFacts:
+    """Run ``clone_commands``, checking between them: the clone is not shallow, the commit
+    is in it, and after checkout HEAD, history, tags and a clean tree (``verify_checkout``)."""
+    clone, fetch_tags, checkout = clone_commands(origin, dest, commit)
+    origin = check_origin(origin)
+    if dest.exists():
+        raise BuildFailed(f"{dest} already exists; refusing to clone over it")
+    proc.run_cmd(clone, log=log, capture=True)
+    if git(["rev-parse", "--is-shallow-repository"], cwd=dest, log=log,
+           echo=False).output.strip() == "true":
+        raise SourceError(
+            f"the source {origin} is a shallow repository, so its clone is shallow too; "
+            "setuptools-scm needs the full history to compute the pinned version",
+            hint="mirror with `git clone --mirror` (or --filter=blob:none), not --depth",
+        )
+    proc.run_cmd(fetch_tags, log=log, capture=True)
+    found = git(["cat-file", "-t", commit], cwd=dest, log=log, check=False, echo=False)
+    if found.returncode != 0 or found.output.strip() != "commit":
+        raise SourceError(f"commit {commit} is not in {origin}",
+                          hint="is the mirror up to date? `git fetch` it, or name another")
+    proc.run_cmd(checkout, log=log, capture=True)
+    facts = verify_checkout(dest, commit, log=log, need_tags=need_tags)
+    return SourceFacts(origin=origin, commit=facts.commit, describe=facts.describe, shallow=False)

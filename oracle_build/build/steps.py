@@ -1,0 +1,408 @@
+"""Executing a plan: each step's action runs the step's own commands (``Plan`` is what
+``--dry-run`` prints), with checks between them. On failure the staging folder and its
+full log stay for inspection; nothing is ever left at the oracle path that could pass for
+the oracle."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from os import environ
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from oracle_build import host, identity
+from oracle_build.build import checkout, record, source
+from oracle_build.build.plan import Plan, Step
+from oracle_build.contracts.pins import GitSource, LockEntry
+from oracle_build.core import env as envmod
+from oracle_build.core import proc
+from oracle_build.core.errors import (
+    BuildFailed,
+    IdentityMismatch,
+    PreflightFailed,
+    SourceError,
+    Unestablished,
+)
+from oracle_build.core.files import dumps_json, sha256_file
+from oracle_build.core.layout import utc_now
+from oracle_build.core.log import Steps, say
+from oracle_build.oracle_venv import uv
+
+DISK_NEED_GIB = {"cpu": 8.0, "cuda": 60.0}
+BUILD_MEMORY_FLOOR_GIB = {"cpu": 2.0, "cuda": 16.0}
+
+
+@dataclass
+class BuildState:
+    plan: Plan
+    steps: Steps
+    facts: dict[str, Any] = field(default_factory=dict)
+    wheel: Path | None = None
+    origin: str = "wheelhouse"
+    identity: identity.Identity | None = None
+
+
+def _run(state: BuildState, cmd: proc.Cmd, *, check: bool = True,
+         hint: str | None = None) -> proc.Result:
+    return proc.run_cmd(cmd, log=state.plan.log, check=check, hint=hint)
+
+
+def commands(state: BuildState, step: Step) -> None:
+    for cmd in step.commands:
+        _run(state, cmd)
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def preflight(state: BuildState, step: Step) -> None:
+    p = state.plan
+    facts: dict[str, Any] = {}
+    p.home.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(p.home).free
+    min_free = environ.get("ORACLE_BUILD_MIN_FREE_GIB")
+    need = (float(min_free) if min_free else DISK_NEED_GIB[p.target.device]) * 2**30
+    facts["disk_free_bytes"] = free
+    if free < need:
+        raise PreflightFailed(
+            f"{_gib(free)} free at {p.home}, the build needs {_gib(need)}",
+            hint="free space or point ORACLE_BUILD_HOME (--home) at a larger disk")
+    found = proc.query([uv(), "python", "find", p.pin.model.python],
+                       env={**envmod.build_env(), **envmod.UV})
+    if not found.ok:
+        raise PreflightFailed(
+            f"no Python {p.pin.model.python} on this host: pin {p.pin.id} builds its oracle "
+            f"venv with python{p.pin.model.python} (the harness itself may run on another)",
+            hint=f"install python{p.pin.model.python}: `uv python install "
+                 f"{p.pin.model.python}`, `pyenv install {p.pin.model.python}`, or the "
+                 f"distribution's python{p.pin.model.python}-venv package")
+    facts["python"] = found.output.strip()
+    mem = host.available_memory()
+    facts["mem_available_bytes"] = mem
+    min_mem = environ.get("ORACLE_BUILD_MIN_MEMORY_GIB")
+    floor = (float(min_mem) if min_mem else BUILD_MEMORY_FLOOR_GIB[p.target.device]) * 2**30
+    if mem is not None and mem < floor:
+        raise PreflightFailed(f"{_gib(mem)} of host memory available, the build needs "
+                              f"{_gib(floor)}", hint="stop other work or lower MAX_JOBS "
+                              "(ORACLE_BUILD_MIN_MEMORY_GIB sets the floor)")
+    if p.pin.model.build.rust_frontend == "build" and isinstance(p.pin.model.vllm, GitSource):
+        for tool in ("cargo", "rustc"):
+            answer = proc.query([tool, "--version"], env=envmod.build_env())
+            if not answer.ok:
+                raise PreflightFailed(f"the pin builds the Rust front end and {tool} does not "
+                                      "answer on this host",
+                                      hint="install the toolchain rust-toolchain.toml names "
+                                      "(rustup), or set [build] rust_frontend = \"skip\"")
+            facts[tool] = answer.output.strip()
+    if p.target.device == "cuda":
+        cuda_home = p.build_env.get("CUDA_HOME") or environ.get("CUDA_HOME")
+        if not cuda_home or not (Path(cuda_home) / "bin" / "nvcc").exists():
+            raise PreflightFailed(f"no nvcc under CUDA_HOME={cuda_home}",
+                                  hint="install the CUDA 13 toolkit or fix [build.env].CUDA_HOME")
+        facts["nvcc"] = host.nvcc_version(cuda_home)
+        facts["driver"] = host.host().driver
+        if not host.host().gpus:
+            raise PreflightFailed("no NVIDIA driver answers (nvidia-smi)")
+    state.facts["preflight"] = facts
+
+
+# ----------------------------------------------------------------------------- wheels
+
+
+def _missing(state: BuildState, entries: list[LockEntry]) -> list[LockEntry]:
+    wh = state.plan.wheelhouse
+    return [e for e in entries if wh.find(e) is None]
+
+
+def _download(state: BuildState, cmd: proc.Cmd, entries: list[LockEntry], *,
+              check: bool) -> None:
+    """Run one planned download: its listing names ``entries``; what arrives is moved in
+    only if its bytes match the lock."""
+    p = state.plan
+    listing = Path(cmd.argv[cmd.argv.index("-r") + 1])
+    listing.write_text("".join(e.requirement_line() + "\n" for e in entries))
+    incoming = p.wheelhouse.incoming
+    shutil.rmtree(incoming, ignore_errors=True)
+    incoming.mkdir(parents=True)
+    try:
+        _run(state, cmd, check=check,
+             hint="the wheels come from this host's pip indexes and the pin's torch index; "
+             "a host without them needs a wheelhouse copied from one that has (--wheelhouse)")
+        by_key = {(e.key, e.version): e for e in entries}
+        for path in sorted(incoming.iterdir()):
+            name, version, _b, _t = parse_wheel_filename(path.name)
+            entry = by_key.get((canonicalize_name(name), str(version)))
+            if entry is not None:
+                p.wheelhouse.add(path, origin="downloaded", expected=entry.sha256)
+    finally:
+        shutil.rmtree(incoming, ignore_errors=True)
+
+
+def fetch(state: BuildState, step: Step) -> None:
+    p = state.plan
+    entries = list(p.pin.require_lock())
+    missing = _missing(state, entries)
+    if not missing:
+        say(f"    all {len(entries)} wheels present in the wheelhouse, hashes verified")
+        return
+    if state.origin == "wheelhouse":  # a vLLM built from source stays "built"
+        state.origin = "fetched"
+    say(f"    {len(entries) - len(missing)} of {len(entries)} wheels in the wheelhouse; "
+        f"downloading {len(missing)}")
+    p.wheelhouse.root.mkdir(parents=True, exist_ok=True)
+    rest_cmd, torch_cmd, *torch_index_cmd = step.commands
+    torch_entries = [e for e in missing if e.key == "torch"]
+    rest = [e for e in missing if e.key != "torch"]
+    if rest:
+        _download(state, rest_cmd, rest, check=True)
+    if torch_entries:
+        _download(state, torch_cmd, torch_entries, check=False)
+        if torch_index_cmd and _missing(state, torch_entries):
+            _download(state, torch_index_cmd[0], torch_entries, check=True)
+    still = _missing(state, entries)
+    if still:
+        raise BuildFailed("after download the wheelhouse still lacks: "
+                          + ", ".join(f"{e.name}=={e.version}" for e in still))
+
+
+def write_lock_requirements(state: BuildState, *, exclude: set[str] | None = None) -> None:
+    p = state.plan
+    exclude = exclude or set()
+    lines = [e.requirement_line() for e in p.pin.require_lock() if e.key not in exclude]
+    p.file("requirements.lock.txt").write_text("\n".join(lines) + "\n")
+
+
+def install_locked(state: BuildState, step: Step) -> None:
+    write_lock_requirements(state)
+    commands(state, step)
+
+
+# ----------------------------------------------------------------------------- from source
+
+
+def source_(state: BuildState, step: Step) -> None:
+    p = state.plan
+    src = p.pin.model.vllm
+    assert isinstance(src, GitSource)
+    facts = source.clone_at(p.mirror or src.repository, p.staging / "src", src.commit,
+                            log=p.log)
+    state.facts["source"] = facts.as_dict()
+    say(f"    HEAD {facts.commit}  ({facts.describe})")
+    tree = checkout.read_checkout(p.staging / "src", device=p.target.device,
+                                  machine=p.target.machine,
+                                  preferred_requirements=p.pin.model.build.build_requirements)
+    state.facts["checkout"] = {
+        "externals_declared": [d.as_dict() for d in tree.externals],
+        "other_device_externals": {dev: [d.name for d in decl] for dev, decl in
+                                   tree.other_device_externals.items()},
+        "precompiled_switches": tree.switches,
+        "rust": tree.rust.__dict__ if tree.rust else None,
+        "build_requirement_sources": tree.requirements.sources if tree.requirements else None,
+    }
+    problems = checkout.pin_problems(
+        tree, list(p.pin.model.externals), p.pin.model.build.rust_frontend,
+        p.pin.model.torch.version if p.pin.model.torch else None, p.target.machine)
+    if problems:  # before configure: CMake would fetch, or fail deep in its own log
+        raise SourceError("the pin and the checkout at its commit disagree:\n  "
+                          + "\n  ".join(problems),
+                          hint="`oracle-build externals --checkout DIR --externals MIRRORS` "
+                          "prints the [[externals]] block this commit needs")
+    planned = set(next(c for s in p.steps if s.name == "wheel" for c in s.commands).unset)
+    unlisted = [s for s in tree.switches if s not in planned]
+    if unlisted:  # dropped anyway (every VLLM_*PRECOMPILED* is), but the plan did not say
+        say(f"    note: this tree also reads {', '.join(unlisted)}; removed from the build "
+            "environment with every VLLM_*PRECOMPILED* variable (plan with --checkout to "
+            "list them)")
+
+
+def externals(state: BuildState, step: Step) -> None:
+    p = state.plan
+    for ext in p.pin.model.externals:
+        assert isinstance(ext.commit, str)
+        origin = str(p.externals_dir / ext.name) if p.externals_dir else ext.repository
+        dest = p.staging / "externals" / ext.name
+        facts = source.clone_at(origin, dest, ext.commit, log=p.log, need_tags=False)
+        if ext.tag is not None:  # the tag the cmake names must still be this commit
+            tagged = source.git(["rev-parse", "--verify", "--quiet",
+                                 f"refs/tags/{ext.tag}^{{commit}}"], cwd=dest, log=p.log,
+                                check=False, echo=False).output.strip()
+            if tagged != ext.commit:
+                raise SourceError(f"external {ext.name}: tag {ext.tag} in {origin} is "
+                                  f"{tagged or 'absent'}, the pin says {ext.commit}",
+                                  hint="a moved tag is a different external: review it and "
+                                  "regenerate the pin's [[externals]]")
+        state.facts.setdefault("externals", {})[ext.name] = facts.as_dict()
+
+
+def build_requirements(state: BuildState, step: Step) -> None:
+    p = state.plan
+    src = p.staging / "src"
+    reqs, sources = checkout.build_requirements(src, device=p.target.device,
+                                                preferred=p.pin.model.build.build_requirements)
+    split = checkout.split_torch(reqs, src / "pyproject.toml")
+    if p.pin.model.torch is not None:
+        why = checkout.torch_disagreement(split.torch, p.pin.model.torch.version,
+                                          machine=p.target.machine)
+        if why:
+            raise SourceError(f"torch: {why}", hint="pin the torch this commit builds with")
+    p.file("build-requirements.txt").write_text("\n".join(split.lines) + "\n")
+    state.facts["build_requirements"] = split.lines
+    state.facts["build_requirement_sources"] = sources
+    commands(state, step)
+
+
+VERSION_HINTS = [
+    (re.compile(r"\+.*precompiled"), "VLLM_USE_PRECOMPILED was seen by the build: kernels "
+     "came from a nightly wheel"),
+    (re.compile(r"\+.*\.d\d{8}"), "the tree was dirty when setuptools-scm ran"),
+    (re.compile(r"\+.*\.cu\d+"), "nvcc's CUDA differs from VLLM_MAIN_CUDA_VERSION at this "
+     "commit; if this is the intended toolkit, set the pin's distribution_version to it "
+     "after review"),
+    (re.compile(r"^0\.1\.dev"), "the clone had no tags or was shallow"),
+]
+
+
+def version_hint(version: str) -> str:
+    return "; ".join(why for pattern, why in VERSION_HINTS if pattern.search(version))
+
+
+def check_wheel(state: BuildState, step: Step) -> None:
+    p = state.plan
+    src = p.pin.model.vllm
+    assert isinstance(src, GitSource)
+    dist = p.staging / "dist"
+    wheels = sorted(dist.glob("*.whl"))
+    if len(wheels) != 1:
+        raise BuildFailed(f"expected one wheel in {dist}, found {len(wheels)}")
+    wheel = wheels[0]
+    name, version, _b, _t = parse_wheel_filename(wheel.name)
+    want = src.expected_distribution_version
+    if canonicalize_name(name) != canonicalize_name(src.distribution) or str(version) != want:
+        why = version_hint(str(version))
+        raise BuildFailed(f"built {name} {version}, the pin expects {src.distribution} {want}"
+                          + (f": {why}" if why else ""))
+    with zipfile.ZipFile(wheel) as zf:
+        members = set(zf.namelist())
+        version_py = zf.read("vllm/_version.py").decode(errors="replace") \
+            if "vllm/_version.py" in members else ""
+    rust = "vllm/vllm-rs" in members
+    decision = p.pin.model.build.rust_frontend
+    if decision is not None and rust != (decision == "build"):
+        raise BuildFailed(f"the pin says rust_frontend = {decision!r}; the wheel "
+                          + ("holds" if rust else "lacks") + " vllm/vllm-rs",
+                          hint="check cargo on this host and the build log's build_rust lines")
+    m = re.search(r"__commit_id__\s*=\s*(?:commit_id\s*=\s*)?['\"]g?([0-9a-f]+)['\"]",
+                  version_py)
+    if m and not src.commit.startswith(m.group(1)):
+        raise BuildFailed(f"the wheel's vllm/_version.py names commit g{m.group(1)}, the pin "
+                          f"says {src.commit}")
+    state.wheel = wheel
+    state.origin = "built"
+    state.facts["wheel"] = {"file": wheel.name, "sha256": sha256_file(wheel),
+                            "version": str(version), "rust_frontend": rust,
+                            "commit_id": f"g{m.group(1)}" if m else None}
+    if p.target.device == "cuda":
+        check_compiled_arches(state, wheel)
+    p.wheelhouse.add(wheel, origin="built")
+
+
+def configure_arches(log_text: str) -> dict[str, str]:
+    out = {}
+    for line in log_text.splitlines():
+        for key in ("CUDA supported target architectures", "CUDA target architectures"):
+            if key + ":" in line:
+                out[key] = line.split(key + ":", 1)[1].strip()
+    return out
+
+
+def check_compiled_arches(state: BuildState, wheel: Path) -> None:
+    p = state.plan
+    cfg = configure_arches(p.log.read_text(errors="replace"))
+    with tempfile.TemporaryDirectory(prefix="wheel-so-") as tmp:
+        with zipfile.ZipFile(wheel) as zf:
+            libs = [n for n in zf.namelist() if n.endswith(".so")]
+            for n in libs:
+                zf.extract(n, tmp)
+        sms = identity.cuobjdump_sm([str(Path(tmp) / n) for n in libs])
+    state.facts["compiled_arches"] = {"configure_log": cfg, "cuobjdump": sms}
+    allowed = set(p.target.expected_sm)
+    if not sms or not set(sms) <= allowed:
+        raise BuildFailed(
+            f"the wheel's libraries hold {', '.join(sms) or 'no sm_XX code'}; target "
+            f"{p.target_name} expects only {', '.join(sorted(allowed))} "
+            f"(configure log: {cfg or 'no architecture lines'})",
+            hint="check TORCH_CUDA_ARCH_LIST; some vLLM versions skip sm_12x kernels for '12.1a'")
+
+
+def use_built(state: BuildState, step: Step) -> None:
+    p = state.plan
+    src = p.pin.model.vllm
+    assert isinstance(src, GitSource)
+    wheel = p.wheelhouse.find_built(src.distribution, src.expected_distribution_version)
+    if wheel is None:
+        raise BuildFailed("the wheelhouse's built vLLM wheel disappeared or was rejected",
+                          hint="run the build again: it plans a build from source")
+    state.wheel = wheel
+    state.origin = "wheelhouse"
+    state.facts["wheel"] = {"file": wheel.name, "sha256": sha256_file(wheel),
+                            "version": src.expected_distribution_version}
+
+
+def install_built(state: BuildState, step: Step) -> None:
+    p = state.plan
+    src = p.pin.model.vllm
+    assert isinstance(src, GitSource)
+    if p.pin.lock_entries is not None:
+        write_lock_requirements(state, exclude={str(canonicalize_name(src.distribution))})
+    commands(state, step)
+
+
+# ----------------------------------------------------------------------------- identity
+
+
+def identity_(state: BuildState, step: Step) -> None:
+    p = state.plan
+    ident = identity.check(p.pin, p.target, p.staging_venv, log=p.log, staged=True)
+    if not ident.ok:
+        raise IdentityMismatch(ident.mismatches, where=str(p.staging_venv))
+    state.identity = ident
+
+
+def publish(state: BuildState, step: Step) -> None:
+    assert state.identity is not None
+    state.identity = record.publish(state)
+
+
+def run(p: Plan) -> identity.Identity:
+    """Execute ``p``. On failure the staging folder and its log stay for inspection."""
+    blocked = [b for step in p.steps for b in step.blocked_by]
+    if blocked:  # refuse before any work, naming every value the build would need
+        raise Unestablished("the build needs values this pin does not establish:\n  "
+                            + "\n  ".join(blocked),
+                            hint="fill the pin's [[externals]] from a checkout at the pinned "
+                            "commit (`oracle-build externals --checkout DIR`) and pass "
+                            "--externals DIR (local mirrors)")
+    p.staging.mkdir(parents=True, exist_ok=False)
+    p.log.write_text(f"# oracle-build {utc_now()}\n# plan\n{p.render()}\n")
+    (p.staging / "resolved.json").write_text(dumps_json(p.resolved()))
+    state = BuildState(p, Steps(len(p.steps)))
+    try:
+        for step in p.steps:
+            with state.steps.step(step.name):
+                step.action(state, step)
+    except BaseException as exc:
+        if p.staging.exists():
+            say(f"build stopped in step {state.steps.current}/{len(p.steps)}; the staging "
+                f"folder and full log are kept for inspection:\n  {p.staging}\n  {p.log}")
+            if isinstance(exc, BuildFailed) and "full log" not in exc.message:
+                exc.message += f"\n  full log: {p.log}"
+        raise
+    assert state.identity is not None
+    return state.identity

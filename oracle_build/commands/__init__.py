@@ -1,0 +1,1 @@
+"""One module per command: capture, verify, analyze (margin, determinism), compare, explain."""

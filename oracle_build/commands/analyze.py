@@ -1,0 +1,107 @@
+"""Engine-backed analyses of one golden: the teacher-forced margin at a position, and the
+determinism probe (K legs of the recorded configuration in one process)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from oracle_build import engine, judge
+from oracle_build.commands.capture import make_job, prepare
+from oracle_build.contracts.candidate import load_candidate, pair
+from oracle_build.contracts.golden import Golden, golden_file, load_golden, recorded
+from oracle_build.core.errors import BadInput
+
+
+def _session(golden: Golden, path: Path, home: Path, *,
+             changes: dict[str, Any] | None = None) -> engine.EngineSession:
+    """An engine session under a golden's recorded configuration (with ``changes``)."""
+    rec = recorded(golden, path)
+    oracle = engine.Oracles(home).get(rec.pin(path), rec.oracle.target)
+    model = engine.recorded_model(rec, path, home)
+    return engine.EngineSession(oracle, model, {**rec.engine.requested, **(changes or {})},
+                                home)
+
+
+def margin(path: Path, prompt: str, position: int, *, home: Path,
+           candidate: Path | None = None, k: int = 20) -> dict[str, Any]:
+    """Teacher-forced top-k at ``position``: prompt ids + the golden's (or the candidate's)
+    tokens before it, one new token, logprobs k, prefix caching off."""
+    path = golden_file(path)
+    golden = load_golden(path)
+    ids = [p.id for p in golden.prompts]
+    index = ids.index(prompt) if prompt in ids else (int(prompt) if prompt.isdigit() else -1)
+    if not 0 <= index < len(ids):
+        raise BadInput(path, [("prompts", f"no prompt {prompt!r}; it has {ids}")])
+    g = golden.prompts[index]
+    prefix_source = "golden"
+    tokens = g.token_ids
+    cand_token = None
+    if candidate is not None:
+        cand = load_candidate(candidate)
+        matches = [cp for i, cp in pair(golden, cand, candidate) if i == index]
+        if not matches:
+            raise BadInput(candidate, [("prompts", f"no prompt matching {g.id!r}")])
+        tokens = matches[0].token_ids
+        prefix_source = "candidate"
+        if position < len(tokens):
+            cand_token = tokens[position]
+    if not 0 <= position <= len(tokens):
+        raise BadInput(path, [("position", f"{position} is outside 0..{len(tokens)}")])
+    session = _session(golden, path, home, changes={"enable_prefix_caching": False})
+    run = {"name": "margin", "prompts": [{"token_ids": list(g.prompt_token_ids)
+                                          + list(tokens[:position])}],
+           "calls": [[0]], "legs": 1,
+           "sampling": {"temperature": 0.0, "max_tokens": 1, "ignore_eos": True,
+                        "logprobs": k}}
+    result = session.run([run], what="margin", name=g.id).require()
+    topk = result.runs[0]["legs"][0][0]["topk"][0]
+    report: dict[str, Any] = {
+        "golden": str(path), "prompt": g.id, "position": position,
+        "prefix": prefix_source, "prefix_length": len(g.prompt_token_ids) + position,
+        "topk": topk, "argmax": topk[0][0], "top2_margin_nats": judge.top2_margin(topk),
+        "golden_token": g.token_ids[position] if position < len(g.token_ids) else None,
+    }
+    if candidate is not None:
+        report["candidate_token"] = cand_token
+        gap = judge.margin(topk, topk[0][0], cand_token) if cand_token is not None else None
+        report["candidate_gap_nats"] = gap
+        report["candidate_gap_mnats"] = judge.to_mnats(gap)
+    return report
+
+
+def determinism(path: Path, *, home: Path, legs: int = 5) -> dict[str, Any]:
+    """K legs of a golden's recorded configuration (or a spec's) in one process: per leg,
+    matches against the golden and against leg 0; deterministic when every leg agrees."""
+    golden: Golden | None = None
+    if (path.is_dir() and not (path / "golden.json").exists()) or path.suffix == ".toml":
+        job = make_job(path)
+        prepare(job, engine.Oracles(home), home)
+        session = job.session(home)
+        run = engine.run_from_spec(job.spec, legs=legs)
+        name, ids = job.spec.name, [p.id for p in job.spec.prompts]
+    else:
+        path = golden_file(path)
+        golden = load_golden(path)
+        session = _session(golden, path, home)
+        run = engine.run_from_golden(recorded(golden, path), legs=legs)
+        name, ids = golden.name, [p.id for p in golden.prompts]
+    result = session.run([run], what="determinism", name=name).require()
+    all_legs = result.runs[0]["legs"]
+    tokens = [[p["token_ids"] for p in leg] for leg in all_legs]
+    agreement = judge.legs_agreement(tokens, ids)
+    per_leg = []
+    for n, toks in enumerate(tokens):
+        entry: dict[str, Any] = {"leg": n, "matches_leg0": agreement.matches_leg0[n]}
+        if golden is not None:
+            entry["matches_golden"] = sum(t == g.token_ids for t, g in
+                                          zip(toks, golden.prompts, strict=True))
+            entry["first_divergence_vs_golden"] = [
+                judge.first_divergence(g.token_ids, t)
+                for t, g in zip(toks, golden.prompts, strict=True)]
+        per_leg.append(entry)
+    return {"source": str(path), "legs": legs, "prompts": len(ids),
+            "deterministic": agreement.agree, "per_leg": per_leg,
+            "disagreements": agreement.disagreements,
+            "engine_start_seconds": result.start_seconds,
+            "leg_seconds": result.runs[0]["leg_seconds"]}

@@ -1,0 +1,193 @@
+"""capture: identity -> preflight -> engine (one start per configuration) -> golden.
+
+Specs in one call that share an engine configuration share one engine start. A golden
+records the configuration the engine resolved, read back from it; legs that disagree stop
+the publish unless a non-deterministic golden is asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from oracle_build import engine, host, judge
+from oracle_build.contracts.golden import (
+    GOLDEN_SCHEMA,
+    Golden,
+    LegsRecord,
+    ModelRecord,
+    OracleRecord,
+    PromptRecord,
+    RunRecord,
+    publish,
+)
+from oracle_build.contracts.pins import Pin, load_pin
+from oracle_build.contracts.spec import Spec, load_spec, spec_file
+from oracle_build.core import layout
+from oracle_build.core.errors import OutputFailed, Refused
+from oracle_build.core.filelock import held
+from oracle_build.core.files import sha256_file
+from oracle_build.core.log import say
+
+
+@dataclass
+class Job:
+    spec: Spec
+    spec_path: Path
+    golden_path: Path
+    pin: Pin
+    target_name: str
+    oracle: engine.Oracle | None = None
+    model_path: Path | None = None
+    model: ModelRecord | None = None
+    args: dict[str, Any] | None = None
+
+    def session(self, home: Path) -> engine.EngineSession:
+        assert self.oracle is not None and self.model_path is not None
+        assert self.args is not None
+        return engine.EngineSession(self.oracle, self.model_path, self.args, home)
+
+
+def make_job(path: Path, *, host_target: str | None = None, out: Path | None = None) -> Job:
+    sp = spec_file(path)
+    spec = load_spec(sp)
+    pin = load_pin((sp.parent / spec.pin).resolve())
+    target = spec.target or host.choose_target(pin, host.host(), host_target)
+    pin.target(target)
+    golden = (out / spec.name / "golden.json") if out else sp.parent / "golden.json"
+    return Job(spec, sp, golden, pin, target)
+
+
+def prepare(job: Job, oracles: engine.Oracles, home: Path) -> None:
+    """Open the job's oracle (identity first), resolve its model and engine arguments."""
+    job.oracle = oracles.get(job.pin, job.target_name)
+    job.model_path, job.model = engine.resolve_model(job.spec.model, job.spec_path.parent, home)
+    job.args = engine.engine_args(job.spec.engine, job.oracle.target)
+
+
+def legs_record(run: dict[str, Any], ids: list[str]) -> LegsRecord:
+    tokens = [[p["token_ids"] for p in leg] for leg in run["legs"]]
+    agreement = judge.legs_agreement(tokens, ids)
+    return LegsRecord(count=agreement.count, agree=agreement.agree, tokens=tokens,
+                      disagreements=agreement.disagreements)
+
+
+def golden_from(job: Job, result: engine.EngineResult, run: dict[str, Any],
+                durations: dict[str, float]) -> Golden:
+    spec, oracle = job.spec, job.oracle
+    assert job.model is not None and oracle is not None
+    legs = legs_record(run, [p.id for p in spec.prompts])
+    nondet = not legs.agree
+    prompts = [
+        PromptRecord(id=p.id, text=p.text, prompt_token_ids=out["prompt_token_ids"],
+                     token_ids=out["token_ids"], output_text=out["text"],
+                     finish_reason=out["finish_reason"],
+                     topk=[[(t, lp) for t, lp in pos[: spec.logprobs + 1]]
+                           for pos in out["topk"]])
+        for p, out in zip(spec.prompts, run["legs"][0], strict=True)
+    ]
+    gate = spec.gate
+    if nondet and gate.kind == "strict":
+        gate = gate.model_copy(update={"kind": "distributional"})
+    return Golden(
+        golden_schema=GOLDEN_SCHEMA,
+        name=spec.name,
+        spec=spec.model_dump(mode="json", by_alias=True),
+        spec_sha256=sha256_file(job.spec_path),
+        oracle=OracleRecord(pin_id=oracle.pin.id, pin_hash=oracle.pin.content_hash,
+                            pin_key=oracle.pin.key, target=oracle.target_name,
+                            identity=oracle.identity.summary(),
+                            build_record_sha256=oracle.build_record_sha256),
+        model=job.model,
+        engine=result.engine_record(),
+        environment=result.environment,
+        sampling=run["sampling"],
+        logprobs=spec.logprobs,
+        batch={"mode": spec.batch.mode, "calls": [[spec.prompts[i].id for i in call]
+                                                  for call in spec.calls()],
+               "environment_set_by_engine": result.environment_set_by_engine},
+        legs=legs,
+        nondeterministic=nondet,
+        gate=gate,
+        classification=spec.classification,
+        prompts=prompts,
+        run=RunRecord(host=host.facts(), created_utc=layout.utc_now(), command=list(sys.argv),
+                      tool=host.tool_facts(), durations=durations, log=str(result.log)),
+    )
+
+
+def writable_or_refuse(folder: Path) -> None:
+    """Before any engine starts: the golden's folder can be created and written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"x")
+        probe.unlink()
+    except OSError as exc:
+        raise OutputFailed(f"cannot write goldens to {folder}: {exc.strerror or exc}",
+                           hint="check the folder's permissions, mount and free space; "
+                           "nothing was run") from None
+
+
+def capture(paths: list[Path], *, home: Path, replace: bool = False,
+            allow_nondeterministic: bool = False, target: str | None = None,
+            out: Path | None = None) -> list[Path]:
+    """Capture every spec in ``paths``; returns the goldens written."""
+    jobs = [make_job(p, host_target=target, out=out) for p in paths]
+    names = [j.golden_path for j in jobs]
+    if len(set(names)) != len(names):
+        raise Refused("two specs in one call write the same golden")
+    for job in jobs:  # refuse before any engine starts
+        if job.golden_path.exists() and not replace:
+            raise Refused(f"{job.golden_path} exists; a golden is never overwritten",
+                          hint="--replace writes a new one and keeps the old under replaced/")
+        writable_or_refuse(job.golden_path.parent)
+    oracles = engine.Oracles(home)
+    groups: dict[str, list[Job]] = {}
+    for job in jobs:
+        prepare(job, oracles, home)
+        assert job.oracle is not None and job.model_path is not None and job.args is not None
+        groups.setdefault(engine.config_key(job.oracle, job.model_path, job.args),
+                          []).append(job)
+    say("ORACLE_IDENTITY_OK")
+    written: list[Path] = []
+    for n, group in enumerate(groups.values(), start=1):
+        say(f"==> engine {n}/{len(groups)}: {', '.join(j.spec.name for j in group)}")
+        with ExitStack() as stack:
+            for j in group:
+                stack.enter_context(held(layout.golden_lock(home, j.golden_path),
+                                         what=f"capture {j.golden_path}"))
+            for job in group:  # another capture may have published while we waited
+                if job.golden_path.exists() and not replace:
+                    raise Refused(f"{job.golden_path} was published by another capture while "
+                                  "this one waited; a golden is never overwritten")
+            result = group[0].session(home).run(
+                [engine.run_from_spec(j.spec) for j in group], what="capture",
+                name=group[0].spec.name).require()
+            say(f"    engine log: {result.log}")
+            for job, run in zip(group, result.runs, strict=True):
+                durations = {"engine_start": result.start_seconds,
+                             "legs": sum(run["leg_seconds"]),
+                             "driver_wall": float(result.raw.get("seconds") or 0.0)}
+                golden = golden_from(job, result, run, durations)
+                legs = golden.legs
+                assert legs is not None
+                if golden.nondeterministic and not allow_nondeterministic:
+                    where = "; ".join(f"prompt {d['prompt']} leg {d['leg']} position "
+                                      f"{d['position']}: {d['tokens'][0]} vs {d['tokens'][1]}"
+                                      for d in legs.disagreements)
+                    raise Refused(
+                        f"{job.spec.name}: the legs disagree ({where}); not published",
+                        hint="--allow-nondeterministic records it, marked non-deterministic "
+                        "(it can never back a strict gate)")
+                kept = publish(golden, job.golden_path, replace=replace)
+                if kept:
+                    say(f"    kept the replaced golden at {kept}")
+                say(f"    wrote {job.golden_path} ({len(golden.prompts)} prompts, "
+                    f"{legs.count} legs, legs agree: {legs.agree})")
+                written.append(job.golden_path)
+    return written

@@ -1,0 +1,319 @@
+"""verify: for each golden, in this order: identity, configuration, tokens, gate.
+
+A configuration difference is reported as such, before any token result, with its own
+exit code; tokens are still compared and shown, marked not adjudicable. verify only
+reads goldens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from oracle_build import engine, host, judge
+from oracle_build.contracts.golden import (
+    RESOLVED_KEYS,
+    Golden,
+    OracleRecord,
+    Recorded,
+    golden_file,
+    load_golden,
+    recorded,
+)
+from oracle_build.contracts.pins import Pin
+from oracle_build.contracts.reports import (
+    VERIFY_REPORT_SCHEMA,
+    FieldDiff,
+    GateVerdict,
+    GoldenVerdict,
+    Status,
+    VerifyReport,
+)
+from oracle_build.core.errors import (
+    EXIT_CONFIG_DIFF,
+    EXIT_DRIFT,
+    EXIT_IDENTITY,
+    EXIT_NOT_HERE,
+    EXIT_OK,
+    BadInput,
+)
+from oracle_build.core.layout import utc_now
+from oracle_build.core.log import say
+from oracle_build.report import UNRECORDED_BANNER
+
+IDENTITY_FIELDS = ("vllm", "torch", "transformers", "flashinfer", "device")
+
+
+def records_complete(rec: Recorded, path: Path) -> None:
+    """A golden must carry what it takes to re-derive it; refuse one that does not."""
+    golden = rec.golden
+    problems = []
+    for key in RESOLVED_KEYS:
+        if key not in rec.engine.resolved:
+            problems.append((f"engine.resolved.{key}", "not recorded (neither a value nor "
+                             "unreadable-with-reason)"))
+    ids = sorted(p.id for p in golden.prompts)
+    called = sorted(pid for call in rec.batch.get("calls", []) for pid in call)
+    if called != ids:
+        problems.append(("batch.calls", "does not name every prompt exactly once"))
+    if golden.model is None or not golden.model.files:
+        problems.append(("model.files", "no model file hashes recorded"))
+    for key in ("temperature", "max_tokens"):
+        if key not in golden.sampling:
+            problems.append((f"sampling.{key}", "not recorded"))
+    if problems:
+        raise BadInput(path, problems, hint="a golden that cannot be re-derived cannot be "
+                       "verified; re-capture it with `capture`")
+
+
+def check_gate(golden: Golden, path: Path) -> str:
+    ok, reason = judge.gate_admissible(golden.gate.kind,
+                                         measured_nondeterminism=bool(golden.nondeterministic),
+                                         ratification=golden.gate.ratification)
+    if not ok:
+        raise BadInput(path, [("gate.kind", reason)],
+                       hint="configuration sensitivity is not non-determinism: re-capture "
+                       "under a recorded configuration, or measure with `determinism`")
+    return reason
+
+
+def _flat(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flat(f"{prefix}.{k}", v, out)
+    else:
+        out[prefix] = value
+
+
+def _setting_value(item: Any) -> Any:
+    if hasattr(item, "unreadable"):
+        return {"unreadable": item.unreadable}
+    return item.value
+
+
+def config_diffs(rec: Recorded, new: dict[str, Any]) -> tuple[list[FieldDiff],
+                                                              list[FieldDiff]]:
+    """Every recorded setting that differs between the golden and the re-run, split into
+    numerics (a configuration difference) and context (reported, never failing)."""
+    golden = rec.golden
+    old: dict[str, Any] = {}
+    cur: dict[str, Any] = {}
+    for key, item in rec.engine.resolved.items():
+        old[f"resolved.{key}"] = _setting_value(item)
+    for key, item in new["engine"].resolved.items():
+        cur[f"resolved.{key}"] = _setting_value(item)
+    for key, backend in rec.engine.backends.items():
+        old[f"backends.{key}"] = _setting_value(backend)
+    for key, backend in new["engine"].backends.items():
+        cur[f"backends.{key}"] = _setting_value(backend)
+    _flat("requested", dict(rec.engine.requested), old)
+    _flat("requested", dict(new["engine"].requested), cur)
+    _flat("environment", dict(rec.environment), old)
+    _flat("environment", dict(new["environment"]), cur)
+    _flat("sampling", dict(golden.sampling), old)
+    _flat("sampling", dict(new["sampling"]), cur)
+    old["batch.calls"] = rec.batch.get("calls")
+    cur["batch.calls"] = new["calls"]
+    numerics: list[FieldDiff] = []
+    context: list[FieldDiff] = []
+    tightened: dict[str, str] = dict(golden.classification)
+    for key in sorted(set(old) | set(cur)):
+        a, b = old.get(key, "<not recorded>"), cur.get(key, "<not recorded>")
+        if a == b:
+            continue
+        cls = judge.classify_setting(key, tightened)
+        diff = FieldDiff(field=key, golden=a, current=b,
+                         cls="numerics" if cls == "numerics" else "context")
+        (numerics if cls == "numerics" else context).append(diff)
+    return numerics, context
+
+
+def identity_diffs(rec: Recorded, oracle: engine.Oracle) -> list[FieldDiff]:
+    now = oracle.identity.summary()
+    diffs = [FieldDiff(field=f, golden=rec.oracle.identity.get(f), current=now.get(f),
+                       cls="identity")
+             for f in IDENTITY_FIELDS if rec.oracle.identity.get(f) != now.get(f)]
+    if rec.oracle.pin_hash != oracle.pin.content_hash:
+        diffs.append(FieldDiff(field="pin_hash", golden=rec.oracle.pin_hash,
+                               current=oracle.pin.content_hash, cls="identity"))
+    old_d = rec.oracle.identity.get("distributions") or {}
+    new_d = now.get("distributions") or {}
+    for name in sorted(set(old_d) | set(new_d)):
+        if old_d.get(name) != new_d.get(name):
+            diffs.append(FieldDiff(field=f"distributions.{name}", golden=old_d.get(name),
+                                   current=new_d.get(name), cls="identity"))
+    return diffs
+
+
+@dataclass
+class Item:
+    path: Path
+    rec: Recorded
+    pin: Pin
+    gate_reason: str
+    verdict: GoldenVerdict | None = None
+    oracle: engine.Oracle | None = None
+    model_path: Path | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+def token_results(golden: Golden, leg: list[dict[str, Any]], band: float) -> list[
+        judge.TokenResult]:
+    return [judge.compare_prompt(p.id, p.prompt_token_ids, p.token_ids, p.topk,
+                                   out["prompt_token_ids"], out["token_ids"], out["topk"],
+                                   band)
+            for p, out in zip(golden.prompts, leg, strict=True)]
+
+
+def verdict(item: Item, result: engine.EngineResult, run: dict[str, Any]) -> GoldenVerdict:
+    g = item.rec.golden
+    new = {"engine": result.engine_record(), "environment": result.environment,
+           "sampling": run["sampling"],
+           "calls": [[g.prompts[i].id for i in call]
+                     for call in engine.run_from_golden(item.rec)["calls"]]}
+    numerics, context = config_diffs(item.rec, new)
+    band = g.gate.band_nats
+    results = token_results(g, run["legs"][0], band)
+    summary = judge.summarize(results)
+    passed = judge.gate_passes(g.gate.kind, results)
+    gate = GateVerdict(kind=g.gate.kind, admissible=True, reason=item.gate_reason,
+                       passed=passed if not numerics else None)
+    status: Status = "pass"
+    why = ""
+    if numerics:
+        status, why = "config_difference", ("the re-run's configuration differs from the "
+                                            "golden's: tokens are not adjudicable")
+    elif not passed:
+        status, why = "drift", "tokens differ from the golden"
+    return GoldenVerdict(name=g.name, path=str(item.path), status=status, why=why,
+                         configuration=numerics, context=context,
+                         adjudicable=not numerics,
+                         tokens=[r.as_dict() for r in results],
+                         summary=summary.line(g.gate.kind), gate=gate)
+
+
+def discover(paths: list[Path]) -> list[Path]:
+    if paths:
+        return [golden_file(p) for p in paths]
+    found = sorted(Path("goldens").glob("*/golden.json"))
+    if not found:
+        raise BadInput(Path("goldens"), "no goldens found (goldens/<name>/golden.json)")
+    return found
+
+
+def verify(paths: list[Path], *, home: Path) -> VerifyReport:
+    items: list[Item] = []
+    verdicts: list[GoldenVerdict] = []
+    for path in discover(paths):
+        golden = load_golden(path)
+        if not golden.configuration_recorded or golden.source is not None:
+            verdicts.append(offline_verdict(golden, path))
+            continue
+        rec = recorded(golden, path)
+        records_complete(rec, path)
+        reason = check_gate(golden, path)
+        pin = rec.pin(path)
+        target = pin.target(rec.oracle.target)
+        ok, why = host.fits(target, host.host())
+        if not ok:
+            verdicts.append(GoldenVerdict(
+                name=golden.name, path=str(path), status="not_verifiable_here",
+                why=f"target {rec.oracle.target}: {why}; its records are complete",
+                adjudicable=False))
+            continue
+        items.append(Item(path, rec, pin, reason))
+    oracles = engine.Oracles(home)
+    groups: dict[str, list[Item]] = {}
+    for item in items:
+        oracle = oracles.get(item.pin, item.rec.oracle.target, require=False)
+        if not oracle.identity.ok:
+            item.verdict = GoldenVerdict(
+                name=item.rec.golden.name, path=str(item.path), status="oracle_mismatch",
+                why="the oracle is not its pin's; nothing was run",
+                identity=[FieldDiff(field=f, golden=e, current=g, cls="identity")
+                          for f, e, g in oracle.identity.mismatches], adjudicable=False)
+            continue
+        ident = identity_diffs(item.rec, oracle)
+        if ident:  # identity first: tokens from another oracle would only mislead
+            item.verdict = GoldenVerdict(
+                name=item.rec.golden.name, path=str(item.path), status="oracle_mismatch",
+                why="the current oracle is not the golden's; nothing was run",
+                identity=ident, adjudicable=False)
+            continue
+        item.model_path = engine.recorded_model(item.rec, item.path, home)
+        item.args = dict(item.rec.engine.requested)
+        item.oracle = oracle
+        groups.setdefault(engine.config_key(oracle, item.model_path, item.args),
+                          []).append(item)
+    for n, group in enumerate(groups.values(), start=1):
+        lead = group[0]
+        assert lead.oracle is not None and lead.model_path is not None
+        say(f"==> engine {n}/{len(groups)}: {', '.join(i.rec.golden.name for i in group)}")
+        session = engine.EngineSession(lead.oracle, lead.model_path, lead.args, home)
+        result = session.run([engine.run_from_golden(i.rec) for i in group], what="verify",
+                             name=lead.rec.golden.name).require()
+        for item, run in zip(group, result.runs, strict=True):
+            item.verdict = verdict(item, result, run)
+    verdicts = [i.verdict for i in items if i.verdict is not None] + verdicts
+    return VerifyReport(report_schema=VERIFY_REPORT_SCHEMA, created_utc=utc_now(),
+                        exit_code=exit_code(verdicts), goldens=verdicts)
+
+
+def offline_verdict(golden: Golden, path: Path) -> GoldenVerdict:
+    """An imported golden whose configuration was never recorded: nothing can be re-run
+    under it. Say so first, then give whatever token evidence the source carries."""
+    notes = []
+    if not isinstance(golden.oracle, OracleRecord):
+        stated = ", ".join(f"{k} {v}" for k, v in golden.oracle.stated.items())
+        notes.append(f"oracle as the source states it: {stated or 'nothing'} (no pin, no "
+                     "identity: not checkable)")
+    for name, why in golden.unrecorded.items():
+        notes.append(f"unrecorded {name}: {why}")
+    if golden.nondeterministic_cells:
+        cells = "; ".join(f"prompt {c['prompt']} position {c['position']}: {c['values']}"
+                          for c in golden.nondeterministic_cells[:20])
+        notes.append(f"MEASURED NON-DETERMINISM at {len(golden.nondeterministic_cells)} "
+                     f"cells: {cells}")
+    elif golden.legs is not None:
+        notes.append(f"the oracle's {golden.legs.count} runs agree at every cell: a strict "
+                     "token-exact gate is licensed")
+    results: list[judge.TokenResult] = []
+    cand = golden.source.candidate if golden.source else None
+    if cand and cand.get("token_ids") is not None:
+        gaps = cand.get("neartie_gap_mnats")
+        for n, p in enumerate(golden.prompts):
+            new = cand["token_ids"][n]
+            r = judge.compare_prompt(p.id, p.prompt_token_ids, p.token_ids, p.topk,
+                                       p.prompt_token_ids, new, None, golden.gate.band_nats)
+            if r.index is not None and gaps is not None and r.index < len(gaps[n]):
+                margin = judge.from_mnats(gaps[n][r.index])
+                r = judge.TokenResult(**{**r.as_dict(), "golden_margin": margin,
+                                         "kind": judge.classify(margin, golden.gate.band_nats)})
+            results.append(r)
+        notes.append("tokens: the source's candidate (our_ids.npy) against the oracle's run 0"
+                     + ("; margins from neartie_gap_mnats.npy" if gaps is not None else ""))
+    elif golden.legs is not None and golden.legs.count > 1:
+        for n, p in enumerate(golden.prompts):
+            last = golden.legs.tokens[-1][n]
+            results.append(judge.compare_prompt(p.id, p.prompt_token_ids, p.token_ids,
+                                                  p.topk, p.prompt_token_ids, last, None,
+                                                  golden.gate.band_nats))
+        notes.append(f"tokens: the oracle's last run (of {golden.legs.count}) against run 0")
+    else:
+        notes.append("tokens: no second run or candidate in the source to compare offline")
+    summary = judge.summarize(results).line(golden.gate.kind) if results else ""
+    return GoldenVerdict(name=golden.name, path=str(path), status="config_unrecorded",
+                         why=UNRECORDED_BANNER, notes=notes, adjudicable=False,
+                         tokens=[r.as_dict() for r in results], summary=summary)
+
+
+def exit_code(verdicts: list[GoldenVerdict]) -> int:
+    statuses = {v.status for v in verdicts}
+    for status, code in (("oracle_mismatch", EXIT_IDENTITY),
+                         ("config_difference", EXIT_CONFIG_DIFF),
+                         ("config_unrecorded", EXIT_CONFIG_DIFF), ("drift", EXIT_DRIFT),
+                         ("not_verifiable_here", EXIT_NOT_HERE)):
+        if status in statuses:
+            return code
+    return EXIT_OK

@@ -1,0 +1,1 @@
+"""Data contracts: a pydantic model for every file oracle-build reads or writes."""

@@ -1,0 +1,98 @@
+"""The one strict base model and the value rules every contract shares.
+
+Every file oracle-build reads is a model derived from ``Strict``: unknown keys are errors (a
+typo in a pin is never a silent default) and loaded values are frozen.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+from packaging.version import InvalidVersion, Version
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from oracle_build.core.errors import BadInput
+
+MAX_TOKEN_ID = 2**31 - 1
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+DIST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def safe_name(value: str) -> str:
+    """A name that becomes a folder or file name: no slashes, no leading dot."""
+    if not SAFE_NAME.match(value) or value in (".", ".."):
+        raise ValueError(f"{value!r} is not a safe name (letters, digits, '.', '_', '-'; "
+                         "no slashes; at most 100)")
+    return value
+
+
+def sha256(value: str) -> str:
+    if not SHA256.match(value):
+        raise ValueError("must be 64 lowercase hex digits (a sha256)")
+    return value
+
+
+def full_sha(value: str) -> str:
+    if not FULL_SHA.match(value):
+        if re.fullmatch(r"[0-9a-fA-F]{4,39}", value):
+            raise ValueError(
+                f"{value!r} is a short SHA; a pin needs the full 40-hex commit "
+                "(git rev-parse <sha> on a checkout gives it)")
+        raise ValueError(
+            f"{value!r} is not a full 40-hex commit; branches, tags and short SHAs move or "
+            "collide, so a pin refuses them")
+    return value
+
+
+def exact_version(value: str) -> str:
+    try:
+        Version(value)
+    except InvalidVersion:
+        raise ValueError(f"{value!r} is not a valid exact version (PEP 440)") from None
+    if any(ch in value for ch in "<>=!~*, "):
+        raise ValueError(f"{value!r} must be one exact version, not a range")
+    return value
+
+
+def dist_name(value: str) -> str:
+    if not DIST_NAME.match(value):
+        raise ValueError(f"{value!r} is not a valid distribution name")
+    return value
+
+
+def _finite(value: float) -> float:
+    if math.isnan(value) or math.isinf(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
+SafeName = Annotated[str, AfterValidator(safe_name)]
+Sha256 = Annotated[str, AfterValidator(sha256)]
+FullSha = Annotated[str, AfterValidator(full_sha)]
+ExactVersion = Annotated[str, AfterValidator(exact_version)]
+DistName = Annotated[str, AfterValidator(dist_name)]
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
+Logprob = Annotated[float, AfterValidator(_finite), Field(le=0.0)]
+
+
+def check_schema_number(data: Any, path: Path, key: str, supported: int) -> None:
+    """A versioned file's schema number, before its fields: a newer file says so plainly."""
+    if not isinstance(data, dict):
+        raise BadInput(path, [("<top level>", "expected a JSON object")])
+    number = data.get(key)
+    if not isinstance(number, int) or isinstance(number, bool):
+        raise BadInput(path, [(key, "missing or not an integer: not a file of this tool")])
+    if number > supported:
+        raise BadInput(path, [(key, f"schema {number} is newer than this oracle-build reads "
+                               f"({supported}); upgrade oracle-build")])
+    if number < 1:
+        raise BadInput(path, [(key, f"unknown schema {number}")])

@@ -1,0 +1,410 @@
+"""Pin files (pins/*.toml): the oracle as data.
+
+A pin names the vLLM source (a git commit or a registry wheel by sha256),
+the Python, torch and every other pinned package, the targets it can be built
+for, the build settings and the CMake externals. Every model forbids unknown
+keys, so a typo is an error rather than a silent default. A value that could
+not be established is written as ``{status = "unestablished", reason = "..."}``
+and the build refuses the step that needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlparse
+
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+from pydantic import AfterValidator, Field, field_validator, model_validator
+
+from oracle_build.contracts.base import (
+    DistName,
+    ExactVersion,
+    FullSha,
+    SafeName,
+    Sha256,
+    Strict,
+    dist_name,
+    exact_version,
+)
+from oracle_build.core.errors import BadInput, Unestablished
+from oracle_build.core.files import load_toml, read_text, sha256_bytes, validate
+
+PIN_SCHEMA = 1
+
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+SAFE_GIT_SCHEMES = {"https", "http", "ssh", "git", "file"}
+
+
+def check_git_url(value: str) -> str:
+    """Only transports that transfer data; never one that runs a command."""
+    if value.startswith("-"):
+        raise ValueError("a repository URL may not start with '-'")
+    if "::" in value:
+        raise ValueError(
+            f"{value!r} uses a git remote-helper transport ('<transport>::'), which can run "
+            "commands (ext::, fd::); use https://, ssh://, git://, file:// or a local path"
+        )
+    if any(ch in value for ch in "\n\r\0"):
+        raise ValueError("control characters in repository URL")
+    if value.startswith("/"):
+        return value
+    parsed = urlparse(value)
+    if parsed.scheme in SAFE_GIT_SCHEMES:
+        return value
+    if re.fullmatch(r"[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s]+", value):  # scp-like ssh
+        return value
+    raise ValueError(
+        f"{value!r}: unsupported transport; use one of {sorted(SAFE_GIT_SCHEMES)} or an "
+        "absolute local path"
+    )
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    for key in env:
+        if not ENV_NAME.match(key):
+            raise ValueError(f"{key!r} is not an environment variable name")
+        if key == "VLLM_USE_PRECOMPILED":
+            raise ValueError(
+                "VLLM_USE_PRECOMPILED downloads kernels from nightly wheels; an oracle is "
+                "built from source, so a pin may not set it (older vLLM treats even '0' as on)")
+    return env
+
+
+GitUrl = Annotated[str, AfterValidator(check_git_url)]
+
+
+class UnestablishedValue(Strict):
+    """A value nobody could establish. The step that needs it refuses to run."""
+
+    status: Literal["unestablished"]
+    reason: str = Field(min_length=10)
+
+
+class GitSource(Strict):
+    kind: Literal["git"]
+    repository: GitUrl
+    commit: FullSha
+    runtime_version: ExactVersion
+    distribution: DistName = "vllm"
+    distribution_version: ExactVersion | None = None
+    note: str | None = None
+
+    @model_validator(mode="after")
+    def _version_names_commit(self) -> GitSource:
+        local = Version(self.runtime_version).local
+        m = re.match(r"^g([0-9a-f]{7,40})", local or "")
+        if not m:
+            raise ValueError(
+                f"runtime_version {self.runtime_version!r} has no '+g<sha>' local segment; "
+                "a from-source build's version names its commit"
+            )
+        if not self.commit.startswith(m.group(1)):
+            raise ValueError(
+                f"runtime_version names commit g{m.group(1)} but commit is {self.commit}"
+            )
+        return self
+
+    @property
+    def expected_distribution_version(self) -> str:
+        return self.distribution_version or self.runtime_version
+
+
+class WheelSource(Strict):
+    kind: Literal["wheel"]
+    distribution: DistName
+    version: ExactVersion
+    sha256: Sha256
+    runtime_version: ExactVersion | None = None
+    note: str | None = None
+
+    @property
+    def expected_distribution_version(self) -> str:
+        return self.version
+
+    @property
+    def expected_runtime_version(self) -> str:
+        return self.runtime_version or self.version
+
+
+class Torch(Strict):
+    version: ExactVersion
+    index: str
+    note: str | None = None
+
+
+class Build(Strict):
+    env: dict[str, str] = Field(default_factory=dict)
+    cmake_args: list[str] = Field(default_factory=list)
+    # Read after pyproject.toml's [build-system] requires (PEP 518, always first): this file
+    # of the checkout, or with "auto" (or when the tree has no such file) the one the tree
+    # has for the device: requirements/build/<device>.txt, else requirements/build.txt.
+    build_requirements: str = "requirements/build.txt"
+    pip: ExactVersion = "26.3"
+    # vLLM >= 0.32 builds an optional Rust front end (vllm/vllm-rs) when cargo is present:
+    # whether it is in the wheel changes the wheel, so the pin says which.
+    rust_frontend: Literal["build", "skip"] | None = None
+
+    _env = field_validator("env")(lambda v: _check_env(v))
+
+
+class External(Strict):
+    """A CMake FetchContent dependency, built from a local copy named by src_dir_var."""
+
+    name: str
+    repository: GitUrl
+    src_dir_var: str
+    commit: FullSha | UnestablishedValue
+    # the GIT_TAG the checkout's cmake declares when it names a tag (v4.7.1), not a commit;
+    # commit is then that tag resolved in a mirror, and the build checks both
+    tag: str | None = None
+    source: str | None = None  # where it was read (cmake file:line at the pin)
+
+    @property
+    def established(self) -> bool:
+        return isinstance(self.commit, str)
+
+
+class Target(Strict):
+    device: Literal["cpu", "cuda"]
+    machine: Literal["x86_64", "aarch64"]
+    description: str | None = None
+    compute_capability: str | None = None
+    device_name: str | None = None
+    torch_cuda_arch_list: str | None = None
+    expected_sm: list[str] = Field(default_factory=list)
+    kernel_check: Literal["rms_norm", "extension"] = "rms_norm"
+    memory_floor_gib: float = Field(default=2.0, ge=0, le=4096)
+    env: dict[str, str] = Field(default_factory=dict)
+    build_env: dict[str, str] = Field(default_factory=dict)
+    engine_defaults: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _cuda_fields(self) -> Target:
+        if self.device == "cuda":
+            missing = [
+                name
+                for name in ("compute_capability", "device_name", "torch_cuda_arch_list")
+                if getattr(self, name) is None
+            ]
+            if missing:
+                raise ValueError(f"a cuda target needs {', '.join(missing)}")
+            if not re.fullmatch(r"\d+\.\d+", self.compute_capability or ""):
+                raise ValueError("compute_capability must look like '12.1'")
+            if not self.expected_sm:
+                raise ValueError("a cuda target lists the sm_XX code it must contain (expected_sm)")
+        for sm in self.expected_sm:
+            if not re.fullmatch(r"sm_\d+[af]?", sm):
+                raise ValueError(f"expected_sm entry {sm!r} must look like 'sm_121' or 'sm_121a'")
+        return self
+
+    _env = field_validator("env", "build_env")(lambda v: _check_env(v))
+
+
+class PinModel(Strict):
+    schema_: int = Field(alias="schema")
+    id: SafeName
+    description: str = ""
+    python: str
+    vllm: GitSource | WheelSource = Field(discriminator="kind")
+    torch: Torch | None = None
+    packages: dict[str, ExactVersion] = Field(default_factory=dict)
+    lock: str | UnestablishedValue
+    lock_exclude: list[str] = Field(default_factory=list)
+    lock_exclude_reason: str | None = None
+    build: Build = Field(default_factory=Build)
+    externals: list[External] = Field(default_factory=list)
+    targets: dict[SafeName, Target]
+
+    @model_validator(mode="after")
+    def _checks(self) -> PinModel:
+        if self.schema_ != PIN_SCHEMA:
+            raise ValueError(
+                f"schema {self.schema_} is not one this oracle-build reads (it reads {PIN_SCHEMA})"
+            )
+        if not re.fullmatch(r"3\.\d+", self.python):
+            raise ValueError("python must be 'MAJOR.MINOR', e.g. '3.11'")
+        for name in self.packages:
+            dist_name(name)
+        if not self.targets:
+            raise ValueError("a pin needs at least one target")
+        return self
+
+
+@dataclass(frozen=True)
+class LockEntry:
+    name: str
+    version: str
+    sha256: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        return str(canonicalize_name(self.name))
+
+    def requirement_line(self) -> str:
+        hashes = " ".join(f"--hash=sha256:{h}" for h in self.sha256)
+        return f"{self.name}=={self.version} {hashes}"
+
+
+LOCK_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)((?:\s+--hash=sha256:[0-9a-f]{64})+)$")
+
+
+def parse_lock(path: Path) -> list[LockEntry]:
+    entries: list[LockEntry] = []
+    seen: set[str] = set()
+    for number, raw in enumerate(read_text(path).splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = LOCK_LINE.match(line)
+        if not m:
+            raise BadInput(
+                path,
+                [(f"line {number}", "expected 'name==version --hash=sha256:<64 hex>' "
+                  f"(found {line[:80]!r})")],
+            )
+        name, version, hashes = m.group(1), m.group(2), m.group(3)
+        try:
+            exact_version(version)
+        except ValueError as exc:
+            raise BadInput(path, [(f"line {number}", str(exc))]) from None
+        key = canonicalize_name(name)
+        if key in seen:
+            raise BadInput(path, [(f"line {number}", f"{name} is listed twice")])
+        seen.add(key)
+        digests = tuple(h.split(":", 1)[1] for h in hashes.split())
+        entries.append(LockEntry(name, version, digests))
+    if not entries:
+        raise BadInput(path, "lock file lists no packages")
+    return entries
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A validated pin with where it came from and its content hash."""
+
+    model: PinModel
+    path: Path
+    lock_entries: tuple[LockEntry, ...] | None
+    content_hash: str
+
+    @property
+    def id(self) -> str:
+        return self.model.id
+
+    @property
+    def key(self) -> str:
+        """Stable name for this pin's venv and wheelhouse: id plus content hash."""
+        return f"{self.model.id}-{self.content_hash[:12]}"
+
+    @property
+    def lock_path(self) -> Path | None:
+        if isinstance(self.model.lock, str):
+            return (self.path.parent / self.model.lock).resolve()
+        return None
+
+    def target(self, name: str) -> Target:
+        try:
+            return self.model.targets[name]
+        except KeyError:
+            raise BadInput(
+                self.path,
+                [(f"targets.{name}", f"no such target; this pin has {sorted(self.model.targets)}")],
+            ) from None
+
+    def expected_versions(self) -> dict[str, str]:
+        """Every distribution whose version identity checks: vllm, torch, packages."""
+        out: dict[str, str] = {str(canonicalize_name(self.model.vllm.distribution)): (
+            self.model.vllm.expected_distribution_version)}
+        if self.model.torch is not None:
+            out["torch"] = self.model.torch.version
+        for name, version in self.model.packages.items():
+            out[str(canonicalize_name(name))] = version
+        return out
+
+    def expected_runtime_version(self) -> str:
+        src = self.model.vllm
+        return src.runtime_version if isinstance(src, GitSource) else src.expected_runtime_version
+
+    def require_lock(self) -> tuple[LockEntry, ...]:
+        if self.lock_entries is None:
+            lock = self.model.lock
+            reason = lock.reason if isinstance(lock, UnestablishedValue) else "no lock"
+            raise Unestablished(
+                f"{self.path}: lock is unestablished: {reason}",
+                hint="regenerate it with `python -m oracle_build lock --pin ...` on a host that "
+                "can resolve the pin",
+            )
+        return self.lock_entries
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "path": str(self.path),
+            "content_hash": self.content_hash,
+            "key": self.key,
+            "pin": self.model.model_dump(mode="json", by_alias=True),
+        }
+
+
+def _check_lock_against_pin(model: PinModel, path: Path, lock: Path,
+                            entries: list[LockEntry]) -> None:
+    by_key: dict[str, LockEntry] = {e.key: e for e in entries}
+    problems: list[tuple[str, str]] = []
+    wanted: dict[str, str] = {str(canonicalize_name(k)): v for k, v in model.packages.items()}
+    if model.torch is not None:
+        wanted["torch"] = model.torch.version
+    src = model.vllm
+    if isinstance(src, WheelSource):
+        wanted[canonicalize_name(src.distribution)] = src.version
+        entry = by_key.get(canonicalize_name(src.distribution))
+        if entry and src.sha256 not in entry.sha256:
+            problems.append(("vllm.sha256", f"does not match the lock's hash for {entry.name}"))
+    for key, version in wanted.items():
+        entry = by_key.get(key)
+        if entry is None:
+            problems.append((f"lock ({lock.name})", f"does not list {key}=={version}"))
+        elif entry.version != version:
+            problems.append(
+                (f"lock ({lock.name})", f"lists {entry.name}=={entry.version}, pin says {version}")
+            )
+    for name in model.lock_exclude:
+        if canonicalize_name(name) in by_key:
+            problems.append((f"lock ({lock.name})", f"lists {name}, which lock_exclude removes"))
+    if problems:
+        raise BadInput(path, problems)
+
+
+def hashed_form(model: PinModel) -> dict[str, Any]:
+    """What the content hash covers: the whole pin, defaults included, except optional
+    fields added after schema 1 while they are unset, so a pin that does not use them keeps
+    its hash (its oracle's key, its wheelhouse, the pin_hash its goldens record)."""
+    data: dict[str, Any] = model.model_dump(mode="json", by_alias=True)
+    if data["build"].get("rust_frontend") is None:
+        data["build"].pop("rust_frontend", None)
+    for ext in data["externals"]:
+        if ext.get("tag") is None:
+            ext.pop("tag", None)
+    return data
+
+
+def load_pin(path: Path, *, check_lock: bool = True) -> Pin:
+    path = Path(path)
+    data = load_toml(path)
+    model = validate(PinModel, data, path)
+    entries: list[LockEntry] | None = None
+    lock_digest = ""
+    if isinstance(model.lock, str) and check_lock:
+        lock_path = (path.parent / model.lock).resolve()
+        if not lock_path.is_file():
+            raise BadInput(path, [("lock", f"lock file {lock_path} not found")])
+        entries = parse_lock(lock_path)
+        _check_lock_against_pin(model, path, lock_path, entries)
+        lock_digest = sha256_bytes(read_text(lock_path).encode())
+    canonical = json.dumps(hashed_form(model), sort_keys=True)
+    content_hash = sha256_bytes((canonical + "\n" + lock_digest).encode())
+    return Pin(model, path.resolve(), tuple(entries) if entries else None, content_hash)

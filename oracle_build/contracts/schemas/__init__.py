@@ -1,0 +1,34 @@
+"""Committed JSON Schemas of the files oracle-build writes (regenerate: `oracle-build schema`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+
+
+def generated() -> dict[str, dict[str, Any]]:
+    from oracle_build.contracts.candidate import Candidate
+    from oracle_build.contracts.golden import Golden
+    from oracle_build.contracts.reports import ExplainReport, VerifyReport
+
+    return {"golden.schema.json": Golden.model_json_schema(by_alias=True, mode="validation"),
+            "verify-report.schema.json": VerifyReport.model_json_schema(mode="validation"),
+            "candidate.schema.json": Candidate.model_json_schema(mode="validation"),
+            "explain.schema.json": ExplainReport.model_json_schema(mode="validation")}
+
+
+def write() -> list[Path]:
+    out = []
+    for name, schema in generated().items():
+        path = HERE / name
+        path.write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
+        out.append(path)
+    return out
+
+
+def committed(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((HERE / name).read_text())
+    return data

@@ -1,0 +1,48 @@
+"""Environment: what a build or an oracle run never inherits, what each adds, and which
+variables records keep. The one place these lists live; inside/ scripts receive the recorded
+prefixes in their request (they import nothing from the harness)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+# Never reaches the oracle's python: each would change what gets imported or built.
+SCRUBBED = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP",
+            "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "VIRTUAL_ENV", "VLLM_USE_PRECOMPILED")
+# A build also drops these: uv's own configuration (the pin says where wheels come from), a
+# pretend version (setuptools-scm would stamp any version asked), every precompiled-kernel
+# switch (every VLLM_*PRECOMPILED* variable), and git's environment (GIT_DIR would point
+# setuptools-scm at another repository).
+BUILD_DROPPED_PREFIXES = ("UV_", "SETUPTOOLS_SCM_PRETEND", "VLLM_USE_PRECOMPILED", "GIT_")
+# Recorded in goldens and logs: every variable that can change what vLLM computes.
+RECORDED_PREFIXES = ("VLLM_", "CUDA", "TORCH", "TRITON_", "FLASHINFER_", "NCCL", "CUBLAS",
+                     "OMP_", "KMP_", "MKL_", "PYTORCH_", "LD_PRELOAD", "HIP_", "ROCM_")
+# Shown in a command's log when the environment it ran under differs from ours.
+SHOWN_PREFIXES = ("VLLM_", "PYTHON", "CUDA", "TORCH", "CMAKE", "PIP_", "UV_", "GIT_")
+
+UV = {"UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
+# git may only use transports that move data; never ext:: or fd:: (they run commands).
+GIT = {"GIT_ALLOW_PROTOCOL": "file:https:http:ssh:git", "GIT_TERMINAL_PROMPT": "0",
+       "GIT_CONFIG_NOSYSTEM": "1", "GIT_ADVICE": "0"}
+
+
+def oracle_env(overlay: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a process run by the oracle's python."""
+    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
+    env.update(overlay or {})
+    return env
+
+
+def build_dropped(key: str) -> bool:
+    return (key in SCRUBBED or key.startswith(BUILD_DROPPED_PREFIXES)
+            or (key.startswith("VLLM_") and "PRECOMPILED" in key))
+
+
+def build_env() -> dict[str, str]:
+    """The base environment of every build command; each command overlays its own."""
+    return {k: v for k, v in os.environ.items() if not build_dropped(k)}
+
+
+def recorded(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in sorted(env.items()) if k.startswith(RECORDED_PREFIXES)}

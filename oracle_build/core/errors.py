@@ -1,0 +1,130 @@
+"""One error base class; each failure kind has its own exit code.
+
+Only ``cli.main`` catches these. Everything below raises, so tests call the
+functions directly and assert on the exception type and message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Exit codes, documented in the README. 0 = success.
+EXIT_OK = 0
+EXIT_DRIFT = 1  # verify: token drift
+EXIT_BAD_INPUT = 2  # a file we read (pin, spec, golden, candidate) is invalid
+EXIT_IDENTITY = 3  # the oracle is not the pin's (ORACLE_IDENTITY_OK not printed)
+EXIT_CONFIG_DIFF = 4  # verify: the re-run's configuration differs from the golden's
+EXIT_BUILD = 5  # a build/install command failed
+EXIT_PREFLIGHT = 6  # the host does not fit (target, disk, memory, python, toolchain)
+EXIT_NO_ORACLE = 7  # no oracle venv for this pin yet
+EXIT_REFUSED = 8  # refused to act: would overwrite, lock held, legs disagree
+EXIT_SOURCE = 9  # git source problem: shallow, dirty, wrong commit, unsafe URL
+EXIT_UNESTABLISHED = 10  # a pin value the step needs is recorded as unestablished
+EXIT_NOT_HERE = 11  # verify: golden's target is not this host (records still checked)
+EXIT_ENGINE = 12  # the vLLM engine failed to start or to generate (log tail shown)
+EXIT_MODEL = 13  # the model's files are not the ones the spec or golden pins
+EXIT_OUTPUT = 14  # an output could not be written (read-only folder, disk full); nothing partial
+EXIT_INTERRUPTED = 130
+
+
+class OracleBuildError(Exception):
+    """Base class. ``message`` says what failed and why; ``hint`` says which knob to turn."""
+
+    exit_code = 70
+    label = "error"
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def render(self) -> str:
+        text = f"oracle-build: {self.label}: {self.message}"
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+
+class BadInput(OracleBuildError):
+    """A file we read is invalid. Names the file and the field."""
+
+    exit_code = EXIT_BAD_INPUT
+    label = "bad input"
+
+    def __init__(
+        self,
+        path: Path | str,
+        problems: list[tuple[str, str]] | str,
+        *,
+        hint: str | None = None,
+    ) -> None:
+        self.path = str(path)
+        if isinstance(problems, str):  # a problem of the file as a whole
+            problems = [("<file>", problems)]
+        self.problems = problems
+        lines = [f"{self.path}:"]
+        for field, msg in problems:
+            lines.append(f"  {field}: {msg}" if field else f"  {msg}")
+        super().__init__("\n".join(lines), hint=hint)
+
+
+class IdentityMismatch(OracleBuildError):
+    exit_code = EXIT_IDENTITY
+    label = "oracle identity mismatch"
+
+    def __init__(
+        self, mismatches: list[tuple[str, str, str]], *, where: str, hint: str | None = None
+    ) -> None:
+        self.mismatches = mismatches
+        lines = [f"the oracle at {where} is not the pin's:"]
+        for field, expected, found in mismatches:
+            lines.append(f"  {field}: expected {expected}, found {found}")
+        super().__init__("\n".join(lines), hint=hint)
+
+
+
+
+class BuildFailed(OracleBuildError):
+    exit_code = EXIT_BUILD
+    label = "build failed"
+
+
+class PreflightFailed(OracleBuildError):
+    exit_code = EXIT_PREFLIGHT
+    label = "preflight"
+
+
+class OracleMissing(OracleBuildError):
+    exit_code = EXIT_NO_ORACLE
+    label = "no oracle"
+
+
+class Refused(OracleBuildError):
+    exit_code = EXIT_REFUSED
+    label = "refused"
+
+
+class SourceError(OracleBuildError):
+    exit_code = EXIT_SOURCE
+    label = "source"
+
+
+class Unestablished(OracleBuildError):
+    exit_code = EXIT_UNESTABLISHED
+    label = "unestablished pin value"
+
+
+
+class EngineFailed(OracleBuildError):
+    exit_code = EXIT_ENGINE
+    label = "engine failed"
+
+
+class ModelMismatch(OracleBuildError):
+    exit_code = EXIT_MODEL
+    label = "model mismatch"
+
+
+class OutputFailed(OracleBuildError):
+    exit_code = EXIT_OUTPUT
+    label = "cannot write output"

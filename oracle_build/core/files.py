@@ -1,0 +1,169 @@
+"""Reading and writing the files the tool owns: strict parsing, atomic publishing.
+
+Every reader turns a parse or validation failure into ``BadInput`` naming the
+file and the field; every writer publishes through a temporary file in the
+same folder and ``os.replace``, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from oracle_build.core.errors import BadInput
+
+M = TypeVar("M", bound=BaseModel)
+
+MAX_JSON_DEPTH = 64
+
+
+def sha256_file(path: Path, *, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_text(path: Path) -> str:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise BadInput(path, "file not found") from exc
+    except IsADirectoryError as exc:
+        raise BadInput(path, "is a directory, expected a file") from exc
+    except OSError as exc:
+        raise BadInput(path, f"cannot read: {exc.strerror}") from exc
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(path, [(f"byte {exc.start}", "not valid UTF-8")]) from exc
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    text = read_text(path)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"at line (\d+), column (\d+)", str(exc))
+        field = (f"line {m.group(1)} column {m.group(2)}" if m
+                 else "<end of document>" if "end of document" in str(exc) else "<syntax>")
+        raise BadInput(path, [(field, f"not valid TOML: {exc}")]) from exc
+
+
+def _check_depth(value: Any, path: Path, depth: int = 0) -> None:
+    if depth > MAX_JSON_DEPTH:
+        raise BadInput(path, [("<nesting>", f"JSON nested deeper than {MAX_JSON_DEPTH} "
+                                             "levels")])
+    if isinstance(value, dict):
+        for item in value.values():
+            _check_depth(item, path, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_depth(item, path, depth + 1)
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def load_json(path: Path) -> Any:
+    text = read_text(path)
+    if not text.strip():
+        raise BadInput(path, "file is empty")
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError as exc:
+        raise BadInput(path, [("<nesting>", "JSON nested too deeply")]) from exc
+    except json.JSONDecodeError as exc:
+        raise BadInput(path, [(f"line {exc.lineno} column {exc.colno}",
+                               f"not valid JSON: {exc.msg}")]) from exc
+    except ValueError as exc:  # NaN/Infinity, refused by _reject_constant
+        raise BadInput(path, [("<number>", f"not valid JSON: {exc}")]) from exc
+    _check_depth(value, path)
+    return value
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "<top level>"
+
+
+def validate(model: type[M], data: Any, path: Path, *, context: dict[str, Any] | None = None) -> M:
+    """Validate ``data`` against ``model``; failures name the file and every bad field."""
+    try:
+        return model.model_validate(data, context=context)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors(include_url=False):
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key (not part of the format; check its spelling)"
+            elif err["type"] == "missing":
+                msg = "required field is missing"
+            problems.append((field_path(err["loc"]), msg))
+        raise BadInput(path, problems) from None
+
+
+def finite(value: float) -> bool:
+    return not (math.isnan(value) or math.isinf(value))
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, overwrite: bool = True) -> None:
+    """Write ``data`` to ``path`` through a temp file in the same folder.
+
+    With ``overwrite=False`` an existing ``path`` is never replaced (link, not rename).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # fails with FileExistsError if path exists
+            tmp.unlink()
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    try:
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def dumps_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=False, allow_nan=False, ensure_ascii=False) + "\n"
+
+
+def atomic_write_json(path: Path, value: Any, *, overwrite: bool = True) -> None:
+    atomic_write_bytes(path, dumps_json(value).encode("utf-8"), overwrite=overwrite)

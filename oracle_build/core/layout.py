@@ -1,0 +1,103 @@
+"""Where everything lives: the oracle home and what is under it, and the two timestamp
+formats. Every path the tool writes is spelled here, once.
+
+    <home>/oracles/<pin key>/                 a built oracle venv (the commit point: a rename)
+    <home>/oracles/<pin key>/oracle-build/    its build record, identity facts, build log
+    <home>/staging/<pin key>.<stamp>-<pid>/   a build in progress (kept on failure)
+    <home>/replaced/, <home>/incomplete/      oracles set aside, never deleted silently
+    <home>/wheelhouse/<pin key>/              wheels (default; ORACLE_BUILD_WHEELHOUSE)
+    <home>/models/<name>/                     generated models
+    <home>/logs/<what>-<name>-<stamp>.log     engine logs
+    <home>/locks/                             advisory locks
+    <home>/captures/<stamp>/, <home>/explain/ default outputs
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+
+from oracle_build.core.files import sha256_bytes
+
+RECORD_DIR = "oracle-build"  # inside an oracle venv
+BUILD_RECORD = "build-record.json"
+IDENTITY_FACTS = "identity.json"
+BUILD_LOG = "build.log"
+
+
+def utc_now() -> str:
+    """A timestamp for records: ISO 8601, UTC, seconds."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def stamp() -> str:
+    """A timestamp for file and folder names: UTC, sortable, no separators."""
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def default_home() -> Path:
+    env = os.environ.get("ORACLE_BUILD_HOME")
+    if env:
+        return Path(env).expanduser().resolve()
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return (Path(xdg) / "oracle-build").resolve()
+
+
+def default_wheelhouse(home: Path) -> Path:
+    env = os.environ.get("ORACLE_BUILD_WHEELHOUSE")
+    return Path(env).expanduser().resolve() if env else home / "wheelhouse"
+
+
+def oracle_path(home: Path, pin_key: str) -> Path:
+    return home / "oracles" / pin_key
+
+
+def record_dir(venv: Path) -> Path:
+    return venv / RECORD_DIR
+
+
+def build_record_path(venv: Path) -> Path:
+    return venv / RECORD_DIR / BUILD_RECORD
+
+
+def staging_dir(home: Path, pin_key: str) -> Path:
+    return home / "staging" / f"{pin_key}.{stamp()}-{os.getpid()}"
+
+
+def set_aside(home: Path, why: str, pin_key: str) -> Path:
+    """A place to move an oracle that is not (or no longer) the one in use: replaced/ or
+    incomplete/."""
+    dest = home / why / f"{pin_key}.{stamp()}-{os.getpid()}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return dest
+
+
+def model_dir(home: Path, name: str) -> Path:
+    return home / "models" / name
+
+
+def log_path(home: Path, what: str, name: str) -> Path:
+    return home / "logs" / f"{what}-{name}-{stamp()}-{os.getpid()}.log"
+
+
+def build_lock(home: Path, pin_key: str) -> Path:
+    return home / "locks" / f"{pin_key}.lock"
+
+
+def engine_lock(home: Path) -> Path:
+    """One engine at a time per oracle home: two engines can exhaust a host's memory."""
+    return home / "locks" / "engine.lock"
+
+
+def golden_lock(home: Path, golden: Path) -> Path:
+    digest = sha256_bytes(str(golden.resolve()).encode())[:16]
+    return home / "locks" / f"golden-{digest}.lock"
+
+
+def captures_dir(home: Path) -> Path:
+    return home / "captures" / stamp()
+
+
+def explain_record(home: Path, golden_name: str) -> Path:
+    return home / "explain" / f"{golden_name}-{stamp()}.json"

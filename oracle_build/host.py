@@ -1,0 +1,192 @@
+"""What this host is, detected once and frozen: machine, memory, GPUs and their compute
+capability, driver, toolchain; which pin target fits it; and this tool's own facts.
+
+Every fact comes from one ``Host`` object built on first use (``host()``); nothing below
+asks nvidia-smi or reads /proc/meminfo again, except ``available_memory()``, which is a
+reading taken when an engine is about to start.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import socket
+import sys
+from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from oracle_build import __version__
+from oracle_build.contracts.pins import Pin, Target
+from oracle_build.core import proc
+from oracle_build.core.errors import PreflightFailed
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    compute_capability: str
+    driver: str
+
+
+@dataclass(frozen=True)
+class Host:
+    machine: str
+    system: str
+    gpus: tuple[Gpu, ...]
+    mem_available_bytes: int | None
+    mem_total_bytes: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def driver(self) -> str | None:
+        return self.gpus[0].driver if self.gpus else None
+
+
+def parse_nvidia_smi(text: str) -> tuple[Gpu, ...]:
+    """`nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader`."""
+    gpus = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3 and re.fullmatch(r"\d+\.\d+", parts[1]):
+            gpus.append(Gpu(parts[0], parts[1], parts[2]))
+    return tuple(gpus)
+
+
+def _nvidia_gpus() -> tuple[Gpu, ...]:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return ()
+    out = proc.query([exe, "--query-gpu=name,compute_cap,driver_version",
+                      "--format=csv,noheader"], timeout=30)
+    return parse_nvidia_smi(out.output) if out.ok else ()
+
+
+def meminfo(path: Path = Path("/proc/meminfo")) -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        text = path.read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        fields = rest.split()
+        if fields and fields[0].isdigit():
+            out[key] = int(fields[0]) * (1024 if len(fields) > 1 and fields[1] == "kB" else 1)
+    return out
+
+
+def available_memory() -> int | None:
+    """Host memory available now (not cached: it is read just before an engine starts)."""
+    return meminfo().get("MemAvailable")
+
+
+@cache
+def host() -> Host:
+    """This host, detected once per process."""
+    info = meminfo()
+    return Host(machine=platform.machine(), system=platform.system(), gpus=_nvidia_gpus(),
+                mem_available_bytes=info.get("MemAvailable"),
+                mem_total_bytes=info.get("MemTotal"))
+
+
+def nvcc_version(cuda_home: str | None) -> str | None:
+    exe = shutil.which("nvcc")
+    if cuda_home and (Path(cuda_home) / "bin" / "nvcc").exists():
+        exe = str(Path(cuda_home) / "bin" / "nvcc")
+    if not exe:
+        return None
+    m = re.search(r"release (\d+\.\d+)", proc.query([exe, "--version"]).output)
+    return m.group(1) if m else None
+
+
+def _first_line(argv: list[str]) -> str | None:
+    text = proc.query(argv, timeout=30).output.strip()
+    return text.splitlines()[0] if text else None
+
+
+@cache
+def facts(cuda_home: str | None = None) -> dict[str, Any]:
+    """Host facts for records (build records, goldens)."""
+    h = host()
+    return {
+        "hostname": socket.gethostname(),
+        "os": platform.platform(),
+        "machine": h.machine,
+        "kernel": platform.release(),
+        "libc": "-".join(platform.libc_ver()),
+        "cpu_count": os.cpu_count(),
+        "mem_total_bytes": h.mem_total_bytes,
+        "mem_available_bytes": h.mem_available_bytes,
+        "gpus": [asdict(g) for g in h.gpus],
+        "driver": h.driver,
+        "nvcc": nvcc_version(cuda_home),
+        "compiler": _first_line(["cc", "--version"]),
+    }
+
+
+@cache
+def tool_facts() -> dict[str, Any]:
+    """This tool: version, the git commit it runs from (``-dirty`` when its code differs)."""
+    commit = None
+    if (REPO / ".git").exists():
+        head = proc.query(["git", "-C", str(REPO), "rev-parse", "HEAD"])
+        if head.ok:
+            dirty = proc.query(["git", "-C", str(REPO), "status", "--porcelain", "--",
+                                "oracle_build"])
+            commit = head.output.strip() + ("-dirty" if dirty.output.strip() else "")
+    return {"name": "oracle-build", "version": __version__, "git_commit": commit,
+            "python": sys.version.split()[0]}
+
+
+# ----------------------------------------------------------------------------- pin targets
+
+
+def fits(target: Target, h: Host) -> tuple[bool, str]:
+    """Whether ``target`` can run on host ``h``, and why not."""
+    if target.machine != h.machine:
+        return False, f"needs an {target.machine} host, this one is {h.machine}"
+    if target.device == "cpu":
+        return True, "cpu"
+    for gpu in h.gpus:
+        if gpu.compute_capability == target.compute_capability and (
+            (target.device_name or "").lower() in gpu.name.lower()
+        ):
+            return True, f"{gpu.name} sm_{gpu.compute_capability.replace('.', '')}"
+    found = ", ".join(f"{g.name} ({g.compute_capability})" for g in h.gpus) or "no NVIDIA GPU"
+    return False, (
+        f"needs {target.device_name} with compute capability {target.compute_capability}; "
+        f"this host has {found}"
+    )
+
+
+def choose_target(pin: Pin, h: Host, requested: str | None = None) -> str:
+    """The pin's target for this host; refuses, naming the pin's targets, when none fits."""
+    if requested is not None:
+        ok, why = fits(pin.target(requested), h)
+        if not ok:
+            raise PreflightFailed(
+                f"target {requested!r} of pin {pin.id} does not fit this host: {why}",
+                hint="--dry-run plans any target on any host; building needs the hardware",
+            )
+        return requested
+    reasons = []
+    gpu_first = sorted(pin.model.targets.items(), key=lambda kv: kv[1].device == "cpu")
+    for name, target in gpu_first:
+        ok, why = fits(target, h)
+        if ok:
+            return name
+        reasons.append(f"{name}: {why}")
+    raise PreflightFailed(
+        f"pin {pin.id} ({pin.path}) has no target for this host "
+        f"({h.machine}, {', '.join(g.name for g in h.gpus) or 'no GPU'}); "
+        f"its targets: " + "; ".join(reasons),
+        hint="pick a pin with a target for this host (pins/cpu.toml runs on any x86_64 box)",
+    )

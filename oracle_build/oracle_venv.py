@@ -1,0 +1,128 @@
+"""An oracle venv as one object (as pypa/build keeps its isolated environment): where it
+is, its python, its build record, and running the scripts of ``inside/`` with that python.
+
+Scripts run in isolated mode (-I: no PYTHONPATH, no user site, no script folder on the
+path), from a fresh empty folder, with the scrubbed environment, through the one
+subprocess wrapper. They answer through a file, because vLLM logs to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name
+from uv import find_uv_bin
+
+from oracle_build.core import env as envmod
+from oracle_build.core import layout, proc
+from oracle_build.core.errors import OracleMissing
+
+INSIDE = Path(__file__).parent / "inside"
+
+
+def uv() -> str:
+    return find_uv_bin()
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What an inside script wrote (``data``) and how its process ended."""
+
+    data: dict[str, Any] | None
+    result: proc.Result
+
+
+@dataclass(frozen=True)
+class OracleVenv:
+    path: Path
+
+    @property
+    def python(self) -> Path:
+        return self.path / "bin" / "python"
+
+    @property
+    def record_path(self) -> Path:
+        return layout.build_record_path(self.path)
+
+    @property
+    def record_dir(self) -> Path:
+        return layout.record_dir(self.path)
+
+    def exists(self) -> bool:
+        return self.path.exists() or self.path.is_symlink()
+
+    def has_record(self) -> bool:
+        return self.record_path.exists()
+
+    def require(self) -> None:
+        if not self.python.exists():
+            raise OracleMissing(f"no python at {self.python}", hint="run build_oracle first")
+
+    def run_inside(self, script: str, args: Sequence[str], *, request: Any | None = None,
+                   env: Mapping[str, str] | None = None, log: Path | None = None,
+                   what: str | None = None, timeout: float | None = None,
+                   echo: bool = True) -> Answer:
+        """Run ``inside/<script>`` with this venv's python: ``script [REQUEST] OUT args``.
+        The answer is the JSON the script wrote to OUT (None if it wrote none)."""
+        self.require()
+        with tempfile.TemporaryDirectory(prefix=f"oracle-{Path(script).stem}-") as neutral:
+            out = Path(neutral) / "answer.json"
+            argv = [str(self.python), "-I", str(INSIDE / script)]
+            if request is not None:
+                req = Path(neutral) / "request.json"
+                req.write_text(json.dumps(request))
+                argv.append(str(req))
+            argv += [str(out), *args]
+            result = proc.run(argv, env=envmod.oracle_env(env), cwd=Path(neutral), log=log,
+                              capture=log is None, check=False, echo=echo, what=what,
+                              timeout=timeout)
+            data = json.loads(out.read_text()) if out.exists() else None
+        return Answer(data, result)
+
+    def locate(self) -> tuple[str | None, str | None]:
+        """Where this python says its prefix is and where vllm resolves, without importing
+        vllm (milliseconds)."""
+        code = ("import importlib.util, json, os, sys; s = importlib.util.find_spec('vllm'); "
+                "print(json.dumps([os.path.realpath(sys.prefix), "
+                "s and os.path.realpath(s.origin)]))")
+        out = proc.query([str(self.python), "-I", "-c", code], env=envmod.oracle_env(),
+                         cwd=Path(tempfile.gettempdir()), timeout=120)
+        try:
+            prefix, origin = json.loads(out.output)
+        except (ValueError, TypeError):
+            return None, None
+        return prefix, origin
+
+    def distributions(self) -> dict[str, str]:
+        """Installed distributions (canonical name -> version), as uv sees them."""
+        out = proc.run([uv(), "pip", "freeze", "--python", str(self.python)],
+                       env={**envmod.build_env(), **envmod.UV}, capture=True, echo=False)
+        dists: dict[str, str] = {}
+        for line in out.output.splitlines():
+            if "==" in line:
+                name, version = line.split("==", 1)
+                dists[str(canonicalize_name(name))] = version.strip()
+        return dists
+
+    def moved_from(self, old: Path) -> None:
+        """After a rename from ``old``: console scripts' shebangs name the new python."""
+        old_prefix = f"#!{old}/bin/".encode()
+        for script in (self.path / "bin").iterdir():
+            if script.is_symlink() or not script.is_file():
+                continue
+            data = script.read_bytes()
+            if data.startswith(old_prefix):
+                script.write_bytes(f"#!{self.path}/bin/".encode() + data[len(old_prefix):])
+
+    def is_real_dir(self) -> bool:
+        return self.path.is_dir() and not self.path.is_symlink()
+
+
+def real(path: Path) -> str:
+    return os.path.realpath(path)
