@@ -30,10 +30,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from oracle_build import build, compare, identity  # noqa: E402
-from oracle_build.golden import load_golden  # noqa: E402
-from oracle_build.pins import load_pin  # noqa: E402
-from oracle_build.verify import records_complete, token_results  # noqa: E402
+from oracle_build import identity, judge  # noqa: E402
+from oracle_build.commands.verify import records_complete, token_results  # noqa: E402
+from oracle_build.contracts.golden import load_golden, recorded  # noqa: E402
+from oracle_build.contracts.pins import load_pin  # noqa: E402
+from oracle_build.core import env as envmod  # noqa: E402
+from oracle_build.core import layout  # noqa: E402
+from oracle_build.oracle_venv import uv  # noqa: E402
 
 PIN = REPO / "pins" / "cpu.toml"
 CLI = [sys.executable, "-m", "oracle_build"]
@@ -89,7 +92,7 @@ def main() -> int:
         results["a_cold_build_s"] = a
         print(f"(a) cold build (download + install + identity): {a:7.2f} s (1 run)", flush=True)
     else:
-        seed = build.default_wheelhouse(build.default_home()) / pin.key
+        seed = layout.default_wheelhouse(layout.default_home()) / pin.key
         if not seed.is_dir():
             print("--skip-cold needs a filled default wheelhouse; run without it once")
             return 2
@@ -102,7 +105,7 @@ def main() -> int:
         env_b = cold_env(work, f"b{n}")
         bs.append(timed(lambda home=home, env_b=env_b: run(  # type: ignore[misc]
             [*CLI, "build", "--home", str(home), "--wheelhouse", str(wheelhouse)], env=env_b)))
-        record = json.loads((build.oracle_path(home, pin) / "oracle-build" /
+        record = json.loads((layout.oracle_path(home, pin.key) / "oracle-build" /
                              "build-record.json").read_text())
         assert record["origin"] == "wheelhouse", record["origin"]
         if n:
@@ -111,19 +114,19 @@ def main() -> int:
     steps = record["timings"]
     print("    its steps (last run): " + ", ".join(f"{k} {v:.1f}s" for k, v in steps.items()),
           flush=True)
-    oracle_venv = build.oracle_path(work / "home-b0", pin)
+    oracle_venv = layout.oracle_path(work / "home-b0", pin.key)
 
     # (c) the floor: bare offline uv install of the same wheels
     req = work / "req.txt"
     req.write_text("".join(e.requirement_line() + "\n" for e in pin.require_lock()))
-    env = {**build.scrubbed_env(), **build.uv_env()}
+    env = {**envmod.build_env(), **envmod.UV}
     cs, warm = [], []
     for n in range(args.runs):
         venv = work / f"floor{n}"
 
         def floor(venv: Path = venv, fenv: dict[str, str] = env) -> None:
-            run([build.uv(), "venv", "--python", "3.11", "--no-project", str(venv)], env=fenv)
-            run([build.uv(), "pip", "install", "--python", str(venv / "bin/python"),
+            run([uv(), "venv", "--python", "3.11", "--no-project", str(venv)], env=fenv)
+            run([uv(), "pip", "install", "--python", str(venv / "bin/python"),
                  "--offline", "--no-index", "--find-links", str(wheelhouse / pin.key),
                  "--no-deps", "--require-hashes", "-r", str(req)], env=fenv)
 
@@ -165,6 +168,16 @@ def main() -> int:
     print(f"    ratio: {median(ds) / median(bare):.2f}x  (target <= 1.2x)", flush=True)
     results.update(d_identity_s=ds, d_bare_import_s=bare,
                    d_ratio=median(ds) / median(bare))
+    # (d') --deep: every installed file hashed (page cache warm after the runs above)
+    deep = [timed(lambda: identity.check(pin, target, oracle_venv, deep=True))
+            for _ in range(args.runs)]
+    files = identity.check(pin, target, oracle_venv).files
+    size_gb = sum(f.stat().st_size for f in oracle_venv.rglob("*")
+                  if f.is_file() and not f.is_symlink()) / 1e9
+    print(f"(d') identity --deep ({files.files if files else '?'} files, {size_gb:.1f} GB): "
+          f"{fmt(deep)}; {median(deep) / median(bare):.2f}x a bare import", flush=True)
+    results.update(d_deep_s=deep, d_deep_files=files.files if files else None,
+                   d_deep_gb=size_gb)
 
     # (e) verify's own overhead on a large golden, and a real verify's engine share
     from benchmarks.large_golden import make
@@ -174,13 +187,12 @@ def main() -> int:
     for _ in range(args.runs):
         def overhead() -> None:
             g = load_golden(large)
-            from oracle_build.golden import recorded
 
             rec = recorded(g, large)
             records_complete(rec, large)
             same = [{"prompt_token_ids": p.prompt_token_ids, "token_ids": p.token_ids,
                      "topk": p.topk} for p in g.prompts]
-            compare.summarize(token_results(g, same, g.gate.band_nats))
+            judge.summarize(token_results(g, same, g.gate.band_nats))
 
         es.append(timed(overhead))
     size = large.stat().st_size / 1e6

@@ -147,8 +147,20 @@ def cmd_identity(args: argparse.Namespace) -> int:
     if not (venv.exists() or venv.is_symlink()):
         raise OracleMissing(f"no oracle for pin {pin.id} at {venv}",
                             hint="run `nox -s build_oracle` first")
-    ident = identity.check(pin, pin.target(target), venv)
+    ident = identity.check(pin, pin.target(target), venv, deep=args.deep)
     _print_identity(ident, args.json)
+    if args.deep and ident.files is not None:
+        from oracle_build.core.files import atomic_write_json
+        from oracle_build.core.layout import build_record_path, utc_now
+
+        say(f"deep check: {ident.files.hashed} files hashed in {ident.files.seconds:.1f}s")
+        record_file = build_record_path(venv)
+        if record_file.is_file() and not venv.is_symlink():
+            record = json.loads(record_file.read_text())
+            record["deep_identity"] = {"utc": utc_now(), "ok": ident.ok,
+                                       "files_hashed": ident.files.hashed,
+                                       "seconds": round(ident.files.seconds, 3)}
+            atomic_write_json(record_file, record)
     if not ident.ok:
         raise IdentityMismatch(ident.mismatches, where=str(venv))
     return EXIT_OK
@@ -404,6 +416,10 @@ def parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_pin_args(i)
     i.add_argument("--venv", help="check this venv instead of the pin's built one")
+    i.add_argument("--deep", action="store_true",
+                   help="hash every file instead of only those whose size or mtime changed "
+                   "(for a host whose clock or filesystem cannot be trusted); the build record "
+                   "keeps when it last ran")
     i.set_defaults(func=cmd_identity)
 
     lk = sub.add_parser("lock", help="regenerate a pin's hash-locked dependency list")

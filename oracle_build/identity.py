@@ -8,6 +8,7 @@ from a fresh empty working directory. The comparison with the pin lives here.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -18,6 +19,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
+from oracle_build import manifest
 from oracle_build.contracts.pins import GitSource, Pin, Target
 from oracle_build.core import proc
 from oracle_build.core.env import RECORDED_PREFIXES
@@ -34,6 +36,7 @@ class Identity:
     facts: dict[str, Any]
     mismatches: list[tuple[str, str, str]] = field(default_factory=list)
     compiled_sm: list[str] | None = None
+    files: manifest.Check | None = None
 
     @property
     def ok(self) -> bool:
@@ -52,6 +55,8 @@ class Identity:
             "device": self.device_label(),
             "kernel": self.facts.get("kernel"),
             "compiled_sm": self.compiled_sm,
+            "files": ({"checked": self.files.files, "hashed": self.files.hashed,
+                       "seconds": round(self.files.seconds, 3)} if self.files else None),
             "distributions": {k: v["version"] for k, v in
                               sorted(self.facts.get("distributions", {}).items())},
             "mismatches": [{"field": f, "expected": e, "found": g} for f, e, g in self.mismatches],
@@ -211,9 +216,10 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any]) -> list
 
 
 def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
-          staged: bool = False) -> Identity:
+          staged: bool = False, deep: bool = False) -> Identity:
     """Probe ``venv``. Outside staging a venv without build_oracle's record is incomplete
-    (an interrupted publish, or a venv made by hand) and never passes."""
+    (an interrupted publish, or a venv made by hand) and never passes, and every file is
+    compared with the manifest the build wrote (``deep``: every file hashed)."""
     facts = run_probe(venv, target, log=log)
     ident = Identity(venv=venv, facts=facts)
     ident.mismatches = compare(pin, target, venv, facts)
@@ -221,6 +227,9 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
     if not staged and not oracle.has_record():
         ident.mismatches.append(("build record", str(oracle.record_path),
                                  "missing: not a venv build_oracle completed"))
+    elif not staged:
+        ident.files = files_check(venv, facts, deep=deep)
+        ident.mismatches += ident.files.mismatches
     if target.device == "cuda":
         libs = [e["path"] for e in facts.get("extensions", [])]
         ident.compiled_sm = cuobjdump_sm(libs)
@@ -229,6 +238,19 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
             ident.mismatches.append(("compiled sm", ", ".join(sorted(allowed)),
                                      ", ".join(ident.compiled_sm) or "none"))
     return ident
+
+
+def files_check(venv: Path, facts: dict[str, Any], *, deep: bool = False) -> manifest.Check:
+    """Every file of ``venv`` against its build manifest (and the base interpreter's
+    start-up files against the build's)."""
+    path = manifest.path(venv)
+    if not path.is_file():
+        return manifest.Check([("file manifest", str(path),
+                                "missing: built by an oracle-build before file manifests; "
+                                "`build_oracle -- --rebuild`")], 0, 0, 0.0)
+    recorded = json.loads(path.read_text())
+    return manifest.check(venv, recorded, deep=deep,
+                          startup=manifest.outside_startup(facts, venv))
 
 
 def relocated(pin: Pin, target: Target, ident: Identity, old: Path, new: Path) -> Identity:
@@ -253,8 +275,6 @@ def relocated(pin: Pin, target: Target, ident: Identity, old: Path, new: Path) -
 def replace_path(value: Any, old: Path, new: Path) -> Any:
     """``value`` (JSON-able) with every mention of ``old``'s real path replaced by ``new``'s:
     a venv renamed into place holds the same files under another name."""
-    import json
-
     text = json.dumps(value).replace(os.path.realpath(old), os.path.realpath(new))
     return json.loads(text)
 

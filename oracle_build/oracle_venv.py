@@ -110,15 +110,21 @@ class OracleVenv:
                 dists[str(canonicalize_name(name))] = version.strip()
         return dists
 
-    def moved_from(self, old: Path) -> None:
-        """After a rename from ``old``: console scripts' shebangs name the new python."""
-        old_prefix = f"#!{old}/bin/".encode()
-        for script in (self.path / "bin").iterdir():
+    def retarget_scripts(self, final: Path) -> dict[str, str]:
+        """Before this venv is renamed to ``final``: console scripts' shebangs name the
+        python there. Returns the rewritten files (relative) with their sha256 before."""
+        import hashlib
+
+        old_prefix = f"#!{self.path}/bin/".encode()
+        changed = {}
+        for script in sorted((self.path / "bin").iterdir()):
             if script.is_symlink() or not script.is_file():
                 continue
             data = script.read_bytes()
             if data.startswith(old_prefix):
-                script.write_bytes(f"#!{self.path}/bin/".encode() + data[len(old_prefix):])
+                changed[f"bin/{script.name}"] = hashlib.sha256(data).hexdigest()
+                script.write_bytes(f"#!{final}/bin/".encode() + data[len(old_prefix):])
+        return changed
 
     def is_real_dir(self) -> bool:
         return self.path.is_dir() and not self.path.is_symlink()

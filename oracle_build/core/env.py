@@ -21,7 +21,11 @@ RECORDED_PREFIXES = ("VLLM_", "CUDA", "TORCH", "TRITON_", "FLASHINFER_", "NCCL",
 # Shown in a command's log when the environment it ran under differs from ours.
 SHOWN_PREFIXES = ("VLLM_", "PYTHON", "CUDA", "TORCH", "CMAKE", "PIP_", "UV_", "GIT_")
 
-UV = {"UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
+# uv's default is to hard-link installed files to its cache: an edit to one venv's file
+# would then change the cache and every venv installed from it (seen here: a patched
+# sampler.py in one oracle appeared in the next build). An oracle owns copies.
+UV = {"UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1",
+      "UV_LINK_MODE": "copy"}
 # git may only use transports that move data; never ext:: or fd:: (they run commands).
 GIT = {"GIT_ALLOW_PROTOCOL": "file:https:http:ssh:git", "GIT_TERMINAL_PROMPT": "0",
        "GIT_CONFIG_NOSYSTEM": "1", "GIT_ADVICE": "0"}

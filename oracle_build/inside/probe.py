@@ -123,6 +123,24 @@ def extension_files(package_dir):
     return sorted(out, key=lambda e: e["path"])
 
 
+def startup_files():
+    """Files Python runs at every start-up from sys.path: sitecustomize, usercustomize and
+    .pth files (the harness compares them with the build's)."""
+    import hashlib
+
+    out = {}
+    for entry in sys.path:
+        if not entry or not os.path.isdir(entry):
+            continue
+        for name in sorted(os.listdir(entry)):
+            if name in ("sitecustomize.py", "usercustomize.py") or name.endswith(".pth"):
+                path = os.path.realpath(os.path.join(entry, name))
+                if os.path.isfile(path):
+                    with open(path, "rb") as fh:
+                        out[path] = hashlib.sha256(fh.read()).hexdigest()
+    return out
+
+
 def package_facts(package_dir):
     """What the installed vLLM package holds beyond its version: the commit id its
     _version.py records (vLLM >= 0.32), and whether the Rust front end binary is there."""
@@ -187,6 +205,7 @@ def main(argv):
     facts = {"probe_schema": 1, "python": python_facts()}
     facts["env"] = {k: v for k, v in sorted(os.environ.items())
                     if k.startswith((*prefixes, "PYTHON"))}
+    facts["startup_files"] = startup_files()
     dists, dups = distributions()
     facts["distributions"] = dists
     facts["duplicate_distributions"] = dups
