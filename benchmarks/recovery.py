@@ -108,6 +108,7 @@ def main() -> int:
         record = json.loads((layout.oracle_path(home, pin.key) / "oracle-build" /
                              "build-record.json").read_text())
         assert record["origin"] == "wheelhouse", record["origin"]
+        shutil.rmtree(work / f"xdg-b{n}", ignore_errors=True)  # a cold uv cache is 4 GB
         if n:
             shutil.rmtree(home)
     print(f"(b) rebuild from the wheelhouse (cold uv cache): {fmt(bs)}", flush=True)
@@ -133,6 +134,7 @@ def main() -> int:
         cold = {**env, "XDG_CACHE_HOME": str(work / f"xdg-c{n}")}
         cs.append(timed(lambda venv=venv, cold=cold: floor(venv, cold)))  # type: ignore[misc]
         shutil.rmtree(venv)
+        shutil.rmtree(work / f"xdg-c{n}", ignore_errors=True)  # a cold cache is 4 GB
         warm.append(timed(lambda venv=venv: floor(venv)))  # type: ignore[misc]
         shutil.rmtree(venv)
     print(f"(c) floor: bare offline uv install, cold cache: {fmt(cs)}", flush=True)

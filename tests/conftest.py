@@ -40,6 +40,16 @@ def site_packages(venv: Path) -> Path:
 
 
 @pytest.fixture(autouse=True)
+def _free_disk_after_each_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """An oracle venv is 3 GB of copied files: a test's temporary folder goes when the test
+    ends (pytest would keep three sessions' worth), so the suite fits a CI disk."""
+    yield
+    if "tmp_path" in request.fixturenames:
+        path = request.getfixturevalue("tmp_path")
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
 def _no_env_leaks(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in ("ORACLE_BUILD_HOME", "ORACLE_BUILD_PIN", "ORACLE_BUILD_VLLM_MIRROR",
                 "ORACLE_BUILD_EXTERNALS"):
