@@ -43,9 +43,9 @@ def site_packages(venv: Path) -> Path:
 def _free_disk_after_each_test(request: pytest.FixtureRequest) -> Iterator[None]:
     """An oracle venv is 3 GB of copied files: a test's temporary folder goes when the test
     ends (pytest would keep three sessions' worth), so the suite fits a CI disk."""
+    path = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
     yield
-    if "tmp_path" in request.fixturenames:
-        path = request.getfixturevalue("tmp_path")
+    if path is not None:
         shutil.rmtree(path, ignore_errors=True)
 
 
