@@ -107,7 +107,7 @@ class Plan:
         lines.append("  every command runs with this environment, minus "
                      + ", ".join(sorted(envmod.SCRUBBED)) + " and every "
                      + ", ".join(f"{p}*" for p in envmod.BUILD_DROPPED_PREFIXES)
-                     + " variable, plus what the command lists")
+                     + ", VLLM_*PRECOMPILED* variable, plus what the command lists")
         for index, step in enumerate(self.steps, start=1):
             lines.append(f"  [{index}/{len(self.steps)}] {step.name}: {step.about}")
             for blocked in step.blocked_by:
