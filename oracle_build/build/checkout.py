@@ -139,14 +139,10 @@ class Scope:
         value = self.value(token)
         if value is None:
             return None
-        if token.startswith('"') or token not in self.vars:
-            return value.upper() not in FALSE_CONSTANTS and not value.endswith("-NOTFOUND")
         return value.upper() not in FALSE_CONSTANTS and not value.endswith("-NOTFOUND")
 
     def condition(self, tokens: list[str]) -> Tri:
-        parser = _Cond(tokens, self)
-        result = parser.or_()
-        return result
+        return _Cond(tokens, self).or_()
 
 
 class _Cond:

@@ -46,6 +46,7 @@ class BuildState:
     wheel: Path | None = None
     origin: str = "wheelhouse"
     identity: identity.Identity | None = None
+    tree: checkout.CheckoutFacts | None = None  # what the source step read from the clone
 
 
 def _run(state: BuildState, cmd: proc.Cmd, *, check: bool = True,
@@ -198,13 +199,13 @@ def source_(state: BuildState, step: Step) -> None:
     tree = checkout.read_checkout(p.staging / "src", device=p.target.device,
                                   machine=p.target.machine,
                                   preferred_requirements=p.pin.model.build.build_requirements)
+    state.tree = tree
     state.facts["checkout"] = {
         "externals_declared": [d.as_dict() for d in tree.externals],
         "other_device_externals": {dev: [d.name for d in decl] for dev, decl in
                                    tree.other_device_externals.items()},
         "precompiled_switches": tree.switches,
         "rust": tree.rust.__dict__ if tree.rust else None,
-        "build_requirement_sources": tree.requirements.sources if tree.requirements else None,
     }
     problems = checkout.pin_problems(
         tree, list(p.pin.model.externals), p.pin.model.build.rust_frontend,
@@ -242,19 +243,14 @@ def externals(state: BuildState, step: Step) -> None:
 
 
 def build_requirements(state: BuildState, step: Step) -> None:
+    """The requirements the source step read from the clone (pyproject first, torch left to
+    the pin and already checked against it there), written outside the tree, installed."""
     p = state.plan
-    src = p.staging / "src"
-    reqs, sources = checkout.build_requirements(src, device=p.target.device,
-                                                preferred=p.pin.model.build.build_requirements)
-    split = checkout.split_torch(reqs, src / "pyproject.toml")
-    if p.pin.model.torch is not None:
-        why = checkout.torch_disagreement(split.torch, p.pin.model.torch.version,
-                                          machine=p.target.machine)
-        if why:
-            raise SourceError(f"torch: {why}", hint="pin the torch this commit builds with")
-    p.file("build-requirements.txt").write_text("\n".join(split.lines) + "\n")
-    state.facts["build_requirements"] = split.lines
-    state.facts["build_requirement_sources"] = sources
+    assert state.tree is not None and state.tree.requirements is not None
+    reqs = state.tree.requirements
+    p.file("build-requirements.txt").write_text("\n".join(reqs.lines) + "\n")
+    state.facts["build_requirements"] = reqs.lines
+    state.facts["build_requirement_sources"] = reqs.sources
     commands(state, step)
 
 
