@@ -76,6 +76,16 @@ def capture(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def numerics(session: nox.Session) -> None:
+    """The kernel battery: ORACLE_NUMERICS_OK and the fingerprint (`-- --only qwen3-moe`).
+
+    Verifies this pin/target/CPU-variant's golden set; with none, captures it and names the
+    folder to commit.
+    """
+    _cli(session, "numerics")
+
+
+@nox.session(python=PYTHON)
 def verify(session: nox.Session) -> None:
     """Re-run goldens: identity, then configuration, then tokens (`-- goldens/NAME --json`)."""
     _cli(session, "verify")

@@ -211,6 +211,38 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
+def cmd_numerics(args: argparse.Namespace) -> int:
+    from oracle_build.commands.numerics import numerics
+    from oracle_build.contracts.pins import Pin
+    from oracle_build.contracts.reports import VERIFY_REPORT_SCHEMA, VerifyReport
+    from oracle_build.report import render
+
+    pin_path = Path(args.pin) if args.pin else _find_default_pin()
+    pin, _target = _pin_and_target(argparse.Namespace(**{**vars(args), "pin": str(pin_path)}))
+    assert isinstance(pin, Pin)
+    home, _ = _homes(args)
+    out = numerics(pin=pin, pin_path=pin_path, target=args.target, battery=Path(args.battery),
+                   home=home, only=args.only or None)
+    if out.verified:
+        print(render(VerifyReport(report_schema=VERIFY_REPORT_SCHEMA, created_utc="",
+                                  exit_code=out.exit_code, goldens=out.verified)))
+        for v in out.verified:
+            if v.logprobs_identical is not None:
+                say(f"  {v.name}: top-k logprobs "
+                    f"{'bit-identical' if v.logprobs_identical else 'DIFFER'}")
+    if out.captured:
+        print(f"captured the golden set for this pin, target and CPU kernel variant: "
+              f"{', '.join(out.captured)}")
+        print(f"  commit it: git add {out.set_dir}")
+    if out.line:
+        print(out.line + (f" {out.fingerprint}" if out.fingerprint else ""))
+    for line in out.drift:
+        print(line)
+    if args.only:
+        say("(fingerprint over the members run with --only, not the whole battery)")
+    return out.exit_code
+
+
 def cmd_margin(args: argparse.Namespace) -> int:
     from oracle_build.commands.analyze import margin
 
@@ -477,6 +509,26 @@ def parser() -> argparse.ArgumentParser:
     _add_home_args(v, json_help="machine-readable report "
                    "(schema: oracle_build/contracts/schemas/verify-report.schema.json)")
     v.set_defaults(func=cmd_verify)
+
+    nm = sub.add_parser(
+        "numerics", help="the kernel battery: ORACLE_NUMERICS_OK when this oracle computes "
+        "the same numbers as its golden set",
+        description="One generated model per kernel family our users' models use (Llama "
+        "fp32 and bf16, Qwen3, Qwen3-MoE, Gemma2, Nemotron-H hybrid Mamba2, Qwen3-Next gated "
+        "delta net + MoE). The golden set for this pin, target and CPU kernel variant "
+        "(BATTERY/sets/<pin key>/<target>/<variant>/) is verified: ORACLE_NUMERICS_OK only "
+        "when every prompt is token-exact and every top-k logprob bit-identical, else "
+        "ORACLE_NUMERICS_DRIFT with architecture, prompt, position and margin (exit 1). "
+        "With no set for this key (a new gate host): it is captured, and the folder to "
+        "commit is printed. Either way the set's fingerprint (sha256 over its tokens and "
+        "logprobs) is printed and kept in the oracle's build record.",
+        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_pin_args(nm)
+    nm.add_argument("--battery", default="goldens/numerics",
+                    help="the battery folder: specs/ and sets/ (default goldens/numerics)")
+    nm.add_argument("--only", nargs="+", metavar="NAME",
+                    help="only these members (spec names in BATTERY/specs)")
+    nm.set_defaults(func=cmd_numerics)
 
     mg = sub.add_parser("margin", help="teacher-forced top-k and top-2 margin at one position",
                         description="Re-run the golden's configuration (prefix caching off) on "

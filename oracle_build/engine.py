@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oracle_build import host, identity, tinymodel
+from oracle_build import generators, host, identity
 from oracle_build.contracts.golden import (
     BackendValue,
     EngineRecord,
@@ -104,11 +104,16 @@ def hub_cache() -> Path:
     return Path.home() / ".cache" / "huggingface" / "hub"
 
 
-def resolve_model(spec: ModelSpec, base: Path, home: Path) -> tuple[Path, ModelRecord]:
-    """The model folder and its record: every file hashed, pinned hashes enforced."""
+def resolve_model(spec: ModelSpec, base: Path, home: Path,
+                  oracle: Oracle | None = None) -> tuple[Path, ModelRecord]:
+    """The model folder and its record: every file hashed, pinned hashes enforced. A
+    generated battery model takes its layout from ``oracle``'s transformers."""
     if spec.generate:
         path = layout.model_dir(home, spec.generate)
-        tinymodel.generate(path)
+        generators.generate(spec.generate, path, home=home,
+                            venv=oracle.venv if oracle else None,
+                            transformers=oracle.identity.summary()["transformers"]
+                            if oracle else None)
         source = f"generated:{spec.generate}"
     elif spec.path:
         path = (base / spec.path).resolve()
@@ -150,10 +155,11 @@ def resolve_model(spec: ModelSpec, base: Path, home: Path) -> tuple[Path, ModelR
     return path, record
 
 
-def recorded_model(rec: Recorded, golden_path: Path, home: Path) -> Path:
+def recorded_model(rec: Recorded, golden_path: Path, home: Path,
+                   oracle: Oracle | None = None) -> Path:
     """The model folder a recorded golden names, its pinned hashes enforced."""
     path, _record = resolve_model(ModelSpec.model_validate(rec.spec.get("model", {})),
-                                  golden_path.parent, home)
+                                  golden_path.parent, home, oracle)
     return path
 
 
@@ -278,13 +284,16 @@ class EngineSession:
     args: dict[str, Any]
     home: Path
 
-    def run(self, runs: list[dict[str, Any]], *, what: str, name: str) -> EngineResult:
+    def run(self, runs: list[dict[str, Any]], *, what: str, name: str,
+            audit_weights: bool = False) -> EngineResult:
         """Start the engine, run ``runs``, stop. A driver that fails returns a result whose
-        ``ok`` is false (``require()`` raises EngineFailed with the log's tail)."""
+        ``ok`` is false (``require()`` raises EngineFailed with the log's tail).
+        ``audit_weights``: the result says which checkpoint tensors vLLM's loader skipped."""
         memory_preflight(self.oracle.target)
         log = layout.log_path(self.home, what, name)
         request = {"model": str(self.model_path), "engine_args": self.args, "runs": runs,
-                   "record_env_prefixes": list(RECORDED_PREFIXES)}
+                   "record_env_prefixes": list(RECORDED_PREFIXES),
+                   "audit_weights": audit_weights}
         log.parent.mkdir(parents=True, exist_ok=True)
         env = {**self.oracle.target.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         # One engine at a time per oracle home: two engines can exhaust a host's memory

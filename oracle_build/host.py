@@ -41,6 +41,7 @@ class Host:
     gpus: tuple[Gpu, ...]
     mem_available_bytes: int | None
     mem_total_bytes: int | None
+    cpu_variant: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,6 +84,36 @@ def meminfo(path: Path = Path("/proc/meminfo")) -> dict[str, int]:
     return out
 
 
+# The flags torch tests before vLLM's CPU platform picks its kernel library
+# (vllm/platforms/cpu.py import_kernels): AVX-512 with BF16 -> vllm._C, AVX-512 ->
+# vllm._C_AVX512, otherwise vllm._C_AVX2; AMX tiles change the GEMMs oneDNN runs.
+AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
+
+
+def cpu_flags(path: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(rest.split())
+    return frozenset()
+
+
+def cpu_variant(machine: str, flags: frozenset[str]) -> str:
+    """The CPU kernel variant vLLM's CPU build runs on this host: ``x86_64-avx2``,
+    ``x86_64-avx512``, ``x86_64-avx512_bf16``, each ``-amx`` when AMX tiles are there;
+    another machine is its name (one kernel library there)."""
+    if machine not in ("x86_64", "AMD64"):
+        return machine
+    level = "avx2"
+    if all(f in flags for f in AVX512_FLAGS):
+        level = "avx512_bf16" if "avx512_bf16" in flags else "avx512"
+    return f"x86_64-{level}" + ("-amx" if "amx_tile" in flags else "")
+
+
 def available_memory() -> int | None:
     """Host memory available now (not cached: it is read just before an engine starts)."""
     return meminfo().get("MemAvailable")
@@ -92,9 +123,11 @@ def available_memory() -> int | None:
 def host() -> Host:
     """This host, detected once per process."""
     info = meminfo()
-    return Host(machine=platform.machine(), system=platform.system(), gpus=_nvidia_gpus(),
+    machine = platform.machine()
+    return Host(machine=machine, system=platform.system(), gpus=_nvidia_gpus(),
                 mem_available_bytes=info.get("MemAvailable"),
-                mem_total_bytes=info.get("MemTotal"))
+                mem_total_bytes=info.get("MemTotal"),
+                cpu_variant=cpu_variant(machine, cpu_flags()))
 
 
 def nvcc_version(cuda_home: str | None) -> str | None:
@@ -120,6 +153,7 @@ def facts(cuda_home: str | None = None) -> dict[str, Any]:
         "hostname": socket.gethostname(),
         "os": platform.platform(),
         "machine": h.machine,
+        "cpu_variant": h.cpu_variant,
         "kernel": platform.release(),
         "libc": "-".join(platform.libc_ver()),
         "cpu_count": os.cpu_count(),

@@ -19,7 +19,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from oracle_build import manifest
+from oracle_build import host, manifest
 from oracle_build.contracts.pins import GitSource, Pin, Target
 from oracle_build.core import proc
 from oracle_build.core.env import RECORDED_PREFIXES
@@ -54,6 +54,7 @@ class Identity:
             "flashinfer": mods.get("flashinfer", {}).get("version"),
             "device": self.device_label(),
             "kernel": self.facts.get("kernel"),
+            "cpu_variant": self.cpu_variant,
             "compiled_sm": self.compiled_sm,
             "files": ({"checked": self.files.files, "hashed": self.files.hashed,
                        "seconds": round(self.files.seconds, 3)} if self.files else None),
@@ -61,6 +62,12 @@ class Identity:
                               sorted(self.facts.get("distributions", {}).items())},
             "mismatches": [{"field": f, "expected": e, "found": g} for f, e, g in self.mismatches],
         }
+
+    @property
+    def cpu_variant(self) -> str | None:
+        """The CPU kernel variant the oracle loaded (CPU targets; None elsewhere)."""
+        variant = (self.facts.get("cpu_kernels") or {}).get("variant")
+        return variant if isinstance(variant, str) else None
 
     def device_label(self) -> str:
         torch = self.facts.get("modules", {}).get("torch", {})
@@ -212,6 +219,13 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any]) -> list
     if not kernel.get("ok"):
         bad.append(("compiled kernel", f"{target.kernel_check} runs",
                     str(kernel.get("error") or kernel)))
+    loaded = (facts.get("cpu_kernels") or {}).get("variant")
+    expected = host.host().cpu_variant
+    if target.device == "cpu" and loaded is not None and loaded != expected:
+        # vLLM fell back to another kernel library than this CPU calls for (a failed
+        # import is only a warning in vLLM): its numerics are not this host's
+        bad.append(("cpu kernel variant", str(expected), f"{loaded} (libraries loaded: "
+                    f"{', '.join((facts.get('cpu_kernels') or {}).get('loaded') or [])})"))
     return bad
 
 

@@ -48,7 +48,7 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
         return out
 
 
-def _uniform(name: str, count: int) -> np.ndarray:
+def uniform(name: str, count: int) -> np.ndarray:
     """``count`` floats in [-1, 1), a pure function of (SEED, name, index)."""
     key = int.from_bytes(hashlib.sha256(f"{SEED}:{name}".encode()).digest()[:8], "little")
     idx = np.arange(count, dtype=np.uint64) + np.uint64(key)
@@ -61,10 +61,10 @@ def _tensors() -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
 
     def mat(name: str, rows: int, cols: int, scale: float) -> None:
-        out[name] = (_uniform(name, rows * cols) * np.float32(scale)).reshape(rows, cols)
+        out[name] = (uniform(name, rows * cols) * np.float32(scale)).reshape(rows, cols)
 
     def norm(name: str) -> None:
-        out[name] = (np.float32(1.0) + np.float32(0.1) * _uniform(name, HIDDEN))
+        out[name] = (np.float32(1.0) + np.float32(0.1) * uniform(name, HIDDEN))
 
     mat("model.embed_tokens.weight", VOCAB, HIDDEN, 1.0)
     for i in range(LAYERS):
@@ -85,15 +85,17 @@ def _tensors() -> dict[str, np.ndarray]:
     return out
 
 
-def safetensors_bytes(tensors: dict[str, np.ndarray]) -> bytes:
-    """The safetensors format: u64 header length, JSON header, raw little-endian data."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt", "generator": NAME}}
+def safetensors_bytes(tensors: dict[str, np.ndarray], *, generator: str = NAME) -> bytes:
+    """The safetensors format: u64 header length, JSON header, raw little-endian data.
+    float32 arrays are F32; uint16 arrays are bfloat16 bit patterns (BF16)."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", "generator": generator}}
     offset = 0
     blobs = []
     for name in sorted(tensors):
-        arr = np.ascontiguousarray(tensors[name], dtype="<f4")
+        bf16 = tensors[name].dtype == np.uint16
+        arr = np.ascontiguousarray(tensors[name], dtype="<u2" if bf16 else "<f4")
         data = arr.tobytes()
-        header[name] = {"dtype": "F32", "shape": list(arr.shape),
+        header[name] = {"dtype": "BF16" if bf16 else "F32", "shape": list(arr.shape),
                         "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)
         offset += len(data)
@@ -172,10 +174,13 @@ def config_json() -> dict[str, Any]:
     }
 
 
-def files() -> dict[str, bytes]:
-    def js(value: Any) -> bytes:
-        return (json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+def json_bytes(value: Any) -> bytes:
+    """A generated JSON file's bytes: sorted keys, two-space indent, final newline."""
+    return (json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
+
+def files() -> dict[str, bytes]:
+    js = json_bytes
     return {
         "config.json": js(config_json()),
         "generation_config.json": js({"bos_token_id": 1, "eos_token_id": 2}),

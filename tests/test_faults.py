@@ -39,15 +39,24 @@ class Watched:
     """A CLI run whose progress (stderr) is read as it comes, so a test knows which step
     it is in from the run's own output, not from a delay."""
 
-    def __init__(self, args: list[str]) -> None:
-        self.proc = start(args)
+    def __init__(self, args: list[str], freeze_on: str | None = None) -> None:
+        """``freeze_on``: the reader itself freezes the run (SIGSTOP to its group) the moment
+        a line holding this marker arrives, without the polling delay of ``wait_for``: a
+        step of a few milliseconds is then still running when the kill comes."""
+        self.freeze_on = freeze_on
+        self.frozen = threading.Event()
         self.lines: list[str] = []
+        self.proc = start(args)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
+            if self.freeze_on and not self.frozen.is_set() and self.freeze_on in line:
+                with suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGSTOP)
+                self.frozen.set()
             self.lines.append(line)
 
     def wait_for(self, marker: str, timeout: float = 900) -> None:
@@ -75,9 +84,10 @@ class Watched:
         still in ``phase`` at that instant: only such kills count as landed."""
         marker = next(m for m, n in phases.items() if n == phase)
         self.wait_for(marker)
-        time.sleep(delay)
-        with suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGSTOP)
+        if not self.frozen.is_set():
+            time.sleep(delay)
+            with suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGSTOP)
         time.sleep(0.3)  # the reader drains what was written before the stop
         landed = self.proc.poll() is None and self.phase(phases) == phase
         with suppress(ProcessLookupError):
@@ -131,15 +141,17 @@ def test_build_killed_at_every_step_then_recovers(cpu_oracle: BuiltOracle,
     record = json.loads((cpu_oracle.venv / "oracle-build" / "build-record.json").read_text())
     landed: set[tuple[str, str]] = set()
     for step in BUILD_STEPS:
-        # at the step's start, and at a random point inside it (its duration in a real build);
-        # a step of a tenth of a second (venv) can end before the freeze: then up to four more
+        # at the step's start (frozen by the reader the instant the step's line arrives), and
+        # at a random point inside it (its duration in a real build); a step of milliseconds
+        # (venv, preflight) can still end first on a loaded machine: then up to four more
         # tries at its start, so that every step and signal has a kill that landed
         inside = rng.uniform(0.1, 0.8) * float(record["timings"].get(step, 1.0))
+        marker = next(m for m, n in phases.items() if n == step)
         for sig in (signal.SIGKILL, signal.SIGINT):
             for attempt, delay in enumerate((0.0, inside, 0.0, 0.0, 0.0, 0.0)):
                 if attempt >= 2 and (step, signame(sig)) in landed:
                     break
-                run = Watched(args)
+                run = Watched(args, freeze_on=marker if delay == 0.0 else None)
                 if run.kill_in(step, phases, sig, delay):
                     assert run.proc.returncode == expected_exit(sig), "".join(run.lines[-20:])
                     landed.add((step, signame(sig)))
@@ -171,7 +183,8 @@ def test_capture_killed_at_every_point_leaves_no_golden(cpu_oracle: BuiltOracle,
     for phase, delay in (("identity", 0.5), ("engine", 0.0), ("engine", 6.0),
                          ("engine", 20.0)):
         for sig in (signal.SIGKILL, signal.SIGINT):
-            run = Watched(args)
+            start_line = next(m for m, n in CAPTURE_PHASES.items() if n == phase)
+            run = Watched(args, freeze_on=start_line if delay == 0.0 else None)
             if not run.kill_in(phase, CAPTURE_PHASES, sig, delay):
                 # it had left the phase: whatever it published must be whole
                 if (folder / "golden.json").exists():

@@ -18,7 +18,7 @@ def _session(golden: Golden, path: Path, home: Path, *,
     """An engine session under a golden's recorded configuration (with ``changes``)."""
     rec = recorded(golden, path)
     oracle = engine.Oracles(home).get(rec.pin(path), rec.oracle.target)
-    model = engine.recorded_model(rec, path, home)
+    model = engine.recorded_model(rec, path, home, oracle)
     return engine.EngineSession(oracle, model, {**rec.engine.requested, **(changes or {})},
                                 home)
 

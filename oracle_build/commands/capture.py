@@ -28,7 +28,7 @@ from oracle_build.contracts.golden import (
 from oracle_build.contracts.pins import Pin, load_pin
 from oracle_build.contracts.spec import Spec, load_spec, spec_file
 from oracle_build.core import layout
-from oracle_build.core.errors import OutputFailed, Refused
+from oracle_build.core.errors import EngineFailed, OutputFailed, Refused
 from oracle_build.core.filelock import held
 from oracle_build.core.files import sha256_file
 from oracle_build.core.log import say
@@ -65,7 +65,8 @@ def make_job(path: Path, *, host_target: str | None = None, out: Path | None = N
 def prepare(job: Job, oracles: engine.Oracles, home: Path) -> None:
     """Open the job's oracle (identity first), resolve its model and engine arguments."""
     job.oracle = oracles.get(job.pin, job.target_name)
-    job.model_path, job.model = engine.resolve_model(job.spec.model, job.spec_path.parent, home)
+    job.model_path, job.model = engine.resolve_model(job.spec.model, job.spec_path.parent, home,
+                                                     job.oracle)
     job.args = engine.engine_args(job.spec.engine, job.oracle.target)
 
 
@@ -120,6 +121,24 @@ def golden_from(job: Job, result: engine.EngineResult, run: dict[str, Any],
     )
 
 
+def weights_consumed(job: Job, result: engine.EngineResult) -> None:
+    """A generated model's every tensor must reach vLLM's loader: one it skips leaves that
+    part of the model at its initial values, and the golden would test nothing there."""
+    audit = result.raw.get("weights") or {}
+    skipped = audit.get("unconsumed")
+    if skipped is None:
+        raise EngineFailed(f"{job.spec.name}: the driver did not report which checkpoint "
+                           f"tensors the loader consumed; log: {result.log}")
+    if skipped:
+        raise Refused(f"{job.spec.name}: vLLM's loader skipped {len(skipped)} of "
+                      f"{audit.get('checkpoint_tensors')} checkpoint tensors "
+                      f"({', '.join(skipped[:8])}); not published",
+                      hint="the generator's layout is not the one this vLLM reads: fix the "
+                      "generator (its names come from transformers' class)")
+    say(f"    every one of the {audit.get('checkpoint_tensors')} checkpoint tensors reached "
+        "vLLM's loader")
+
+
 def writable_or_refuse(folder: Path) -> None:
     """Before any engine starts: the golden's folder can be created and written."""
     try:
@@ -135,7 +154,7 @@ def writable_or_refuse(folder: Path) -> None:
 
 def capture(paths: list[Path], *, home: Path, replace: bool = False,
             allow_nondeterministic: bool = False, target: str | None = None,
-            out: Path | None = None) -> list[Path]:
+            out: Path | None = None, oracles: engine.Oracles | None = None) -> list[Path]:
     """Capture every spec in ``paths``; returns the goldens written."""
     jobs = [make_job(p, host_target=target, out=out) for p in paths]
     names = [j.golden_path for j in jobs]
@@ -146,7 +165,7 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
             raise Refused(f"{job.golden_path} exists; a golden is never overwritten",
                           hint="--replace writes a new one and keeps the old under replaced/")
         writable_or_refuse(job.golden_path.parent)
-    oracles = engine.Oracles(home)
+    oracles = oracles or engine.Oracles(home)
     groups: dict[str, list[Job]] = {}
     for job in jobs:
         prepare(job, oracles, home)
@@ -165,10 +184,13 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
                 if job.golden_path.exists() and not replace:
                     raise Refused(f"{job.golden_path} was published by another capture while "
                                   "this one waited; a golden is never overwritten")
+            generated = group[0].spec.model.generate is not None
             result = group[0].session(home).run(
                 [engine.run_from_spec(j.spec) for j in group], what="capture",
-                name=group[0].spec.name).require()
+                name=group[0].spec.name, audit_weights=generated).require()
             say(f"    engine log: {result.log}")
+            if generated:
+                weights_consumed(group[0], result)
             for job, run in zip(group, result.runs, strict=True):
                 durations = {"engine_start": result.start_seconds,
                              "legs": sum(run["leg_seconds"]),

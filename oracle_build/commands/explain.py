@@ -87,11 +87,12 @@ def explain(path: Path, *, home: Path, vary: dict[str, list[Any]] | None = None,
     path = golden_file(path)
     golden = load_golden(path)
     base_batch = "recorded"
+    model: Path | None
     if golden.configuration_recorded and golden.source is None:
         rec = recorded(golden, path)
         pin = rec.pin(path)
         target_name = rec.oracle.target
-        model = engine.recorded_model(rec, path, home)
+        model = None  # resolved once the oracle is open (a battery model needs it)
         base_args = dict(rec.engine.requested)
         request = engine.run_from_golden(rec, legs=legs)
     else:
@@ -105,6 +106,8 @@ def explain(path: Path, *, home: Path, vary: dict[str, list[Any]] | None = None,
         request = _unrecorded_request(golden, legs)
         base_batch = "per_prompt"
     oracle = engine.Oracles(home).get(pin, target_name)
+    if model is None:
+        model = engine.recorded_model(recorded(golden, path), path, home, oracle)
     base_args = engine.engine_args(base_args, oracle.target)
     vary = vary if vary is not None else DEFAULT_VARY
     state = _State(golden, oracle, model, base_args, request, base_batch, budget, home)

@@ -166,6 +166,28 @@ def token_results(golden: Golden, leg: list[dict[str, Any]], band: float) -> lis
             for p, out in zip(golden.prompts, leg, strict=True)]
 
 
+def logprobs_difference(golden: Golden, leg: list[dict[str, Any]],
+                        k: int) -> dict[str, Any] | None:
+    """The first position whose recorded top-k (token ids and logprobs, bit for bit)
+    differs from the re-run's; None when every one is identical."""
+    keep = k + 1  # what capture records: top-k and the sampled token
+    for p, out in zip(golden.prompts, leg, strict=True):
+        new = out.get("topk") or []
+        old = p.topk or []
+        for pos in range(max(len(old), len(new))):
+            old_row = [(int(t), float(lp)) for t, lp in old[pos]] if pos < len(old) else []
+            new_row = [(int(t), float(lp)) for t, lp in (new[pos] or [])[:keep]] \
+                if pos < len(new) else []
+            if old_row != new_row:
+                common = {t: lp for t, lp in old_row}
+                deltas = [abs(lp - common[t]) for t, lp in new_row if t in common]
+                return {"prompt": p.id, "position": pos,
+                        "golden": old_row[:3], "current": new_row[:3],
+                        "max_abs_delta": max(deltas) if deltas else None,
+                        "same_tokens": [t for t, _ in old_row] == [t for t, _ in new_row]}
+    return None
+
+
 def verdict(item: Item, result: engine.EngineResult, run: dict[str, Any]) -> GoldenVerdict:
     g = item.rec.golden
     new = {"engine": result.engine_record(), "environment": result.environment,
@@ -175,6 +197,7 @@ def verdict(item: Item, result: engine.EngineResult, run: dict[str, Any]) -> Gol
     numerics, context = config_diffs(item.rec, new)
     band = g.gate.band_nats
     results = token_results(g, run["legs"][0], band)
+    difference = logprobs_difference(g, run["legs"][0], item.rec.logprobs)
     summary = judge.summarize(results)
     passed = judge.gate_passes(g.gate.kind, results)
     gate = GateVerdict(kind=g.gate.kind, admissible=True, reason=item.gate_reason,
@@ -190,7 +213,9 @@ def verdict(item: Item, result: engine.EngineResult, run: dict[str, Any]) -> Gol
                          configuration=numerics, context=context,
                          adjudicable=not numerics,
                          tokens=[r.as_dict() for r in results],
-                         summary=summary.line(g.gate.kind), gate=gate)
+                         summary=summary.line(g.gate.kind), gate=gate,
+                         logprobs_identical=difference is None,
+                         logprobs_difference=difference)
 
 
 def discover(paths: list[Path]) -> list[Path]:
@@ -202,7 +227,8 @@ def discover(paths: list[Path]) -> list[Path]:
     return found
 
 
-def verify(paths: list[Path], *, home: Path) -> VerifyReport:
+def verify(paths: list[Path], *, home: Path,
+           oracles: engine.Oracles | None = None) -> VerifyReport:
     items: list[Item] = []
     verdicts: list[GoldenVerdict] = []
     for path in discover(paths):
@@ -222,8 +248,19 @@ def verify(paths: list[Path], *, home: Path) -> VerifyReport:
                 why=f"target {rec.oracle.target}: {why}; its records are complete",
                 adjudicable=False))
             continue
+        variant = rec.oracle.identity.get("cpu_variant")
+        here = host.host().cpu_variant
+        if target.device == "cpu" and variant and variant != here:
+            # vLLM's CPU build picks its kernels by the CPU: another variant's numbers are
+            # not this host's to reproduce, and a difference would not be drift
+            verdicts.append(GoldenVerdict(
+                name=golden.name, path=str(path), status="not_verifiable_here",
+                why=f"captured under CPU kernel variant {variant}; this host runs {here} "
+                "(vLLM's CPU build loads other kernels here): not verifiable here, not drift; "
+                "its records are complete", adjudicable=False))
+            continue
         items.append(Item(path, rec, pin, reason))
-    oracles = engine.Oracles(home)
+    oracles = oracles or engine.Oracles(home)
     groups: dict[str, list[Item]] = {}
     for item in items:
         oracle = oracles.get(item.pin, item.rec.oracle.target, require=False)
@@ -241,7 +278,7 @@ def verify(paths: list[Path], *, home: Path) -> VerifyReport:
                 why="the current oracle is not the golden's; nothing was run",
                 identity=ident, adjudicable=False)
             continue
-        item.model_path = engine.recorded_model(item.rec, item.path, home)
+        item.model_path = engine.recorded_model(item.rec, item.path, home, oracle)
         item.args = dict(item.rec.engine.requested)
         item.oracle = oracle
         groups.setdefault(engine.config_key(oracle, item.model_path, item.args),

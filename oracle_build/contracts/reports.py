@@ -47,6 +47,10 @@ class GoldenVerdict(Strict):
     tokens: list[dict[str, Any]] = Field(default_factory=list)
     summary: str = ""
     gate: GateVerdict | None = None
+    # Beyond tokens: are the re-run's top-k logprobs bit-identical to the golden's (None when
+    # nothing was run), and where they first differ.
+    logprobs_identical: bool | None = None
+    logprobs_difference: dict[str, Any] | None = None
 
 
 class VerifyReport(Strict):

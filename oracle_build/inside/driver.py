@@ -182,6 +182,53 @@ def run_one(llm, SamplingParams, run, legs_out):
     return sampling_dict(params), leg_times
 
 
+def audit_weights(audit):
+    """Make vLLM's default loader report which checkpoint tensors it consumed: every tensor
+    the checkpoint iterator yields is kept; every parameter's weight_loader is wrapped to
+    note the storage of each tensor handed to it (slices share their tensor's storage). A
+    yielded tensor no loader received was skipped: that part of the model kept its initial
+    values, and a golden would test nothing there."""
+    import torch
+    from vllm.model_executor.model_loader import default_loader
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+    loader_cls = default_loader.DefaultModelLoader
+    original = loader_cls.load_weights
+
+    def load_weights(self, model, model_config):
+        yielded = {}
+        consumed = set()
+        get_all = self.get_all_weights
+
+        def tracked(mc, m):
+            for name, tensor in get_all(mc, m):
+                yielded[name] = tensor
+                yield name, tensor
+
+        for _pname, param in model.named_parameters():
+            inner = getattr(param, "weight_loader", default_weight_loader)
+
+            def wrapped(*args, _inner=inner, **kwargs):
+                for value in list(args[1:]) + list(kwargs.values()):
+                    if isinstance(value, torch.Tensor) and not isinstance(
+                            value, torch.nn.Parameter):
+                        consumed.add(value.untyped_storage().data_ptr())
+                return _inner(*args, **kwargs)
+
+            param.weight_loader = wrapped
+        self.get_all_weights = tracked
+        try:
+            return original(self, model, model_config)
+        finally:
+            del self.get_all_weights
+            audit["checkpoint_tensors"] = len(yielded)
+            audit["unconsumed"] = sorted(
+                n for n, t in yielded.items() if t.untyped_storage().data_ptr() not in consumed)
+            yielded.clear()
+
+    loader_cls.load_weights = load_weights
+
+
 def main(argv):
     req_path, out_path = argv[1], argv[2]
     with open(req_path, encoding="utf-8") as fh:
@@ -202,6 +249,9 @@ def main(argv):
         result["env_after_import"] = {
             k: v for k, v in sorted(os.environ.items())
             if k.startswith(prefixes) and result["env"].get(k) != v}
+        if req.get("audit_weights"):
+            result["weights"] = {}
+            audit_weights(result["weights"])
         start = time.monotonic()
         llm = LLM(model=req["model"], **req["engine_args"])
         result["engine_start_seconds"] = round(time.monotonic() - start, 3)

@@ -157,6 +157,54 @@ def package_facts(package_dir):
             "rust_frontend": os.path.isfile(os.path.join(package_dir, "vllm-rs"))}
 
 
+def cpu_kernels(machine):
+    """Which kernel library vLLM's CPU platform loaded in this process (from the process's
+    own memory map) and what torch reports of the CPU: the CPU variant the numerics run
+    on. Called after vLLM's ops are registered."""
+    import platform
+
+    import torch
+
+    loaded = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                path = line.split()[-1] if line.split() else ""
+                base = os.path.basename(path)
+                if "%svllm%s" % (os.sep, os.sep) in path and base.startswith("_C") \
+                        and ".so" in base and base not in loaded:
+                    loaded.append(base)
+    except OSError:
+        pass
+    cpu = getattr(torch, "cpu", None)
+
+    def ask(name):
+        fn = getattr(cpu, name, None)
+        try:
+            return bool(fn()) if fn is not None else None
+        except Exception:
+            return None
+
+    facts = {"loaded": sorted(loaded),
+             "torch_capability": torch.backends.cpu.get_cpu_capability(),
+             "avx512": ask("_is_avx512_supported"),
+             "avx512_bf16": ask("_is_avx512_bf16_supported"),
+             "amx": ask("_is_amx_tile_supported")}
+    machine = machine or platform.machine()
+    if machine != "x86_64":
+        facts["variant"] = machine
+        return facts
+    names = {lib.split(".")[0] for lib in facts["loaded"]}
+    level = None  # the most specific library wins: _C is loaded only on AVX-512 BF16 hosts
+    for name, lvl in (("_C_AVX2", "avx2"), ("_C_AVX512", "avx512"), ("_C", "avx512_bf16")):
+        if name in names:
+            level = lvl
+            break
+    facts["variant"] = ("x86_64-%s%s" % (level, "-amx" if facts["amx"] else "")
+                        if level else None)
+    return facts
+
+
 def check_rms_norm(device):
     """Run vLLM's compiled rms_norm op and compare it with plain torch."""
     import torch
@@ -225,6 +273,8 @@ def main(argv):
         try:
             if kernel_check == "rms_norm":
                 kernel = check_rms_norm(device)
+                if device == "cpu":
+                    facts["cpu_kernels"] = cpu_kernels(None)
             else:
                 kernel = check_extension(package_dir)
         except BaseException as exc:

@@ -1,0 +1,190 @@
+"""numerics: does this oracle compute the same numbers, across the kernel families our
+users' models use?
+
+The battery (goldens/numerics/specs/): one generated model per kernel family. A golden set
+is keyed by the pin's hash, the target and the CPU kernel variant the oracle runs
+(goldens/numerics/sets/<pin key>/<target>/<variant>/<name>/). With a set for this oracle:
+verify every member; ORACLE_NUMERICS_OK only when every prompt is token-exact and every
+recorded top-k logprob is bit-identical, otherwise ORACLE_NUMERICS_DRIFT naming the
+architecture, prompt, position and margin (exit 1). Without one (the first build on a new
+gate host, or another CPU variant): capture it and say which folder to commit. A one-line
+fingerprint (sha256 over the set's tokens and logprobs) is printed and written to the
+oracle's build record, so two hosts compare in one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from oracle_build import engine, generators, host
+from oracle_build.commands import capture as capture_cmd
+from oracle_build.commands import verify as verify_cmd
+from oracle_build.contracts.golden import load_golden
+from oracle_build.contracts.pins import Pin
+from oracle_build.contracts.reports import GoldenVerdict
+from oracle_build.contracts.spec import load_spec
+from oracle_build.core.errors import (
+    EXIT_DRIFT,
+    EXIT_OK,
+    BadInput,
+)
+from oracle_build.core.files import atomic_write_bytes, atomic_write_json, read_text
+from oracle_build.core.layout import build_record_path, utc_now
+from oracle_build.core.log import say
+
+OK_LINE = "ORACLE_NUMERICS_OK"
+DRIFT_LINE = "ORACLE_NUMERICS_DRIFT"
+CAPTURED_LINE = "ORACLE_NUMERICS_CAPTURED"
+PIN_LINE = re.compile(r'^pin\s*=\s*"[^"\n]*"\s*$', re.M)
+
+
+@dataclass
+class Outcome:
+    set_dir: Path
+    verified: list[GoldenVerdict] = field(default_factory=list)
+    captured: list[str] = field(default_factory=list)
+    fingerprint: str | None = None
+    exit_code: int = EXIT_OK
+    line: str = OK_LINE
+    drift: list[str] = field(default_factory=list)
+
+
+def variant_of(oracle: engine.Oracle) -> str:
+    """The third part of a golden set's key: the CPU kernel variant on CPU targets, the
+    device (name and sm) on GPU targets."""
+    if oracle.target.device == "cpu":
+        variant = oracle.identity.cpu_variant
+        if not variant:
+            raise BadInput(str(oracle.venv.path), [(
+                "cpu_kernels.variant", "the identity probe could not tell which CPU kernel "
+                "library vLLM loaded; a golden set cannot be keyed")])
+        return variant
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", oracle.identity.device_label()).strip("-")
+
+
+def set_dir(battery: Path, pin: Pin, target: str, variant: str) -> Path:
+    return battery / "sets" / pin.key / target / variant
+
+
+def battery_specs(battery: Path, only: list[str] | None) -> list[Path]:
+    specs = sorted((battery / "specs").glob("*.toml"))
+    if not specs:
+        raise BadInput(battery / "specs", "no battery specs (<name>.toml) in this folder")
+    if only:
+        known = {p.stem for p in specs}
+        unknown = sorted(set(only) - known)
+        if unknown:
+            raise BadInput(battery / "specs", [("--only", f"no battery member {', '.join(unknown)}"
+                                                f" (members: {', '.join(sorted(known))})")])
+        specs = [p for p in specs if p.stem in only]
+    for path in specs:
+        spec = load_spec(path)  # every spec validated before anything runs
+        if spec.name != path.stem:
+            raise BadInput(path, [("name", f"{spec.name!r}: a battery spec's name is its file "
+                                   f"name ({path.stem!r})")])
+    return specs
+
+
+def place_spec(spec_path: Path, member_dir: Path, pin_path: Path) -> Path:
+    """Copy a battery spec into the set, its pin line pointing at ``pin_path`` from there."""
+    text = read_text(spec_path)
+    rel = os.path.relpath(pin_path.resolve(), member_dir.resolve())
+    new, count = PIN_LINE.subn(f'pin = "{rel}"', text, count=1)
+    if count != 1:
+        raise BadInput(spec_path, [("pin", "no `pin = \"...\"` line to point at the pin")])
+    dest = member_dir / "spec.toml"
+    member_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(dest, new.encode())
+    return dest
+
+
+def fingerprint(goldens: list[Path]) -> str:
+    """sha256 over the set's tokens and top-k logprobs, members by name: two hosts whose
+    fingerprints are equal computed the same numbers, bit for bit."""
+    data = []
+    for path in sorted(goldens, key=lambda p: p.parent.name):
+        golden = load_golden(path)
+        data.append([golden.name, [[p.id, p.token_ids, p.topk] for p in golden.prompts]])
+    raw = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def drift_lines(v: GoldenVerdict) -> list[str]:
+    out = []
+    for t in v.tokens:
+        if t.get("index") is None:
+            continue
+        margin = t.get("golden_margin")
+        out.append(f"  {v.name}: prompt {t.get('prompt')} position {t.get('index')}: golden "
+                   f"token {t.get('golden_token')}, now {t.get('new_token')} (golden margin "
+                   f"{'unknown' if margin is None else f'{margin:.4f}'} nats, "
+                   f"{t.get('kind')})")
+    d = v.logprobs_difference
+    if d and not out:
+        delta = d.get("max_abs_delta")
+        out.append(f"  {v.name}: prompt {d['prompt']} position {d['position']}: tokens "
+                   f"exact, top-k logprobs differ (max |delta| "
+                   f"{'n/a' if delta is None else f'{delta:.3g}'} nats; golden {d['golden']}, "
+                   f"now {d['current']})")
+    return out
+
+
+def numerics(*, pin: Pin, pin_path: Path, target: str | None, battery: Path, home: Path,
+             only: list[str] | None = None) -> Outcome:
+    specs = battery_specs(battery, only)
+    target_name = host.choose_target(pin, host.host(), target)
+    oracles = engine.Oracles(home)
+    oracle = oracles.get(pin, target_name)  # identity first (exit 3)
+    where = set_dir(battery, pin, target_name, variant_of(oracle))
+    out = Outcome(where)
+    say(f"numerics battery: {len(specs)} members; golden set {where}")
+    # every member's layout read from the oracle's transformers in one run, not one each
+    generators.layouts(list(generators.FAMILIES), oracle.venv,
+                       str(oracle.identity.summary()["transformers"]), home)
+    present = [s for s in specs if (where / s.stem / "golden.json").exists()]
+    missing = [s for s in specs if s not in present]
+    if present:
+        report = verify_cmd.verify([where / s.stem / "golden.json" for s in present],
+                                   home=home, oracles=oracles)
+        out.verified = report.goldens
+        out.exit_code = report.exit_code
+    if missing:
+        say(f"no golden for {', '.join(s.stem for s in missing)} in this set: capturing "
+            f"{'them' if len(missing) > 1 else 'it'} (first run for this pin, target and "
+            "variant)")
+        placed = [place_spec(s, where / s.stem, pin_path) for s in missing]
+        capture_cmd.capture(placed, home=home, target=target_name, oracles=oracles)
+        out.captured = [s.stem for s in missing]
+    for v in out.verified:
+        if v.status == "drift" or (v.status == "pass" and v.logprobs_identical is False):
+            out.drift += drift_lines(v) or [f"  {v.name}: {v.why or v.status}"]
+    if out.drift:
+        out.exit_code, out.line = EXIT_DRIFT, DRIFT_LINE
+    elif out.exit_code != EXIT_OK:
+        out.line = ""  # identity / configuration / not-here: verify's report says which
+    elif not present:
+        out.line = CAPTURED_LINE
+    out.fingerprint = fingerprint([where / s.stem / "golden.json" for s in specs])
+    if out.exit_code == EXIT_OK or out.drift:
+        record(oracle, out, complete=only is None)
+    return out
+
+
+def record(oracle: engine.Oracle, out: Outcome, *, complete: bool) -> None:
+    """The fingerprint and verdict, in the oracle's build record."""
+    path = build_record_path(oracle.venv.path)
+    if not path.is_file() or oracle.venv.path.is_symlink():
+        return
+    data: dict[str, Any] = json.loads(path.read_text())
+    data["numerics"] = {"utc": utc_now(), "set": str(out.set_dir),
+                        "verdict": out.line or f"exit {out.exit_code}",
+                        "fingerprint": out.fingerprint, "whole_battery": complete,
+                        "captured": out.captured,
+                        "verified": [v.name for v in out.verified]}
+    atomic_write_json(path, data)
