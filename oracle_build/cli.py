@@ -223,13 +223,14 @@ def cmd_numerics(args: argparse.Namespace) -> int:
     home, _ = _homes(args)
     out = numerics(pin=pin, pin_path=pin_path, target=args.target, battery=Path(args.battery),
                    home=home, only=args.only or None)
-    if out.verified:
+    unusual = [v for v in out.verified if v.status != "pass" or not v.logprobs_identical]
+    if unusual:  # the whole verify report for members that did not pass bit for bit
         print(render(VerifyReport(report_schema=VERIFY_REPORT_SCHEMA, created_utc="",
-                                  exit_code=out.exit_code, goldens=out.verified)))
-        for v in out.verified:
-            if v.logprobs_identical is not None:
-                say(f"  {v.name}: top-k logprobs "
-                    f"{'bit-identical' if v.logprobs_identical else 'DIFFER'}")
+                                  exit_code=out.exit_code, goldens=unusual)))
+    for v in out.verified:
+        logprobs = {True: "top-k logprobs bit-identical", False: "top-k logprobs DIFFER",
+                    None: "nothing run"}[v.logprobs_identical]
+        print(f"  {v.name:<12} {v.status.upper():<10} {v.summary.split(';')[0]}; {logprobs}")
     if out.captured:
         print(f"captured the golden set for this pin, target and CPU kernel variant: "
               f"{', '.join(out.captured)}")

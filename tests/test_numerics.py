@@ -1,0 +1,244 @@
+"""The numerics battery on the real CPU oracle: generators byte-identical, the battery
+verified (ORACLE_NUMERICS_OK and its fingerprint through nox), a changed MoE expert is
+DRIFT naming qwen3-moe (exit 13 first while its spec pins the old hash), a skipped
+checkpoint tensor refuses the capture, and a golden of another CPU kernel variant is
+exit 11, never drift."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from oracle_build import generators, host
+from oracle_build.cli import main
+from oracle_build.commands.numerics import fingerprint, set_dir
+from oracle_build.contracts.spec import GENERATED_MODELS, load_spec
+from oracle_build.core.errors import EXIT_DRIFT, EXIT_MODEL, EXIT_NOT_HERE, EXIT_REFUSED
+from oracle_build.oracle_venv import OracleVenv
+from tests.conftest import REPO, BuiltOracle
+
+BATTERY = REPO / "goldens" / "numerics"
+MOE_EXPERT = "model.layers.0.mlp.experts.1.down_proj.weight"
+
+
+# ----------------------------------------------------------------------------- fast
+
+
+def test_every_generated_model_the_spec_accepts_has_a_generator() -> None:
+    assert set(GENERATED_MODELS) == set(generators.NAMES)
+    specs = {load_spec(p).model.generate for p in (BATTERY / "specs").glob("*.toml")}
+    assert specs == set(generators.NAMES)  # the battery covers every generator
+
+
+def test_bf16_rounding_is_round_to_nearest_even() -> None:
+    x = np.array([1.0, -2.0, 1.00390625, 1.01171875, 3.0e38], dtype=np.float32)
+    # 1+2^-8 is a tie between 1.0 and 1+2^-7: even (1.0) wins; 1+3*2^-8 rounds up
+    assert [hex(v) for v in generators.to_bf16_bits(x)] == ["0x3f80", "0xc000", "0x3f80",
+                                                            "0x3f82", "0x7f62"]
+
+
+@pytest.mark.parametrize(("flags", "machine", "variant"), [
+    ("fpu avx avx2", "x86_64", "x86_64-avx2"),
+    ("avx2 avx512f avx512bw avx512vl", "x86_64", "x86_64-avx2"),  # no avx512dq: AVX2 kernels
+    ("avx2 avx512f avx512bw avx512vl avx512dq", "x86_64", "x86_64-avx512"),
+    ("avx2 avx512f avx512bw avx512vl avx512dq avx512_bf16", "x86_64", "x86_64-avx512_bf16"),
+    ("avx512f avx512bw avx512vl avx512dq avx512_bf16 amx_tile amx_bf16", "x86_64",
+     "x86_64-avx512_bf16-amx"),
+    ("fp asimd bf16 sve", "aarch64", "aarch64"),
+])
+def test_cpu_variant_follows_the_flags_vllm_chooses_by(flags: str, machine: str,
+                                                       variant: str, tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    key = "Features" if machine == "aarch64" else "flags"
+    info.write_text(f"processor\t: 0\n{key}\t\t: {flags}\n\n")
+    assert host.cpu_variant(machine, host.cpu_flags(info)) == variant
+
+
+def test_committed_set_is_keyed_by_pin_target_and_variant() -> None:
+    sets = sorted(p.relative_to(BATTERY / "sets") for p in (BATTERY / "sets").glob("*/*/*"))
+    assert sets, "no committed battery set"
+    for key in sets:
+        pin_key, target, variant = key.parts
+        members = sorted(p.parent.name for p in (BATTERY / "sets" / key).glob("*/golden.json"))
+        assert members == sorted(p.stem for p in (BATTERY / "specs").glob("*.toml"))
+        for m in members:
+            golden = json.loads((BATTERY / "sets" / key / m / "golden.json").read_text())
+            assert golden["oracle"]["pin_key"] == pin_key
+            assert golden["oracle"]["target"] == target
+            assert golden["oracle"]["identity"]["cpu_variant"] == variant
+
+
+# ----------------------------------------------------------------------------- slow
+
+
+def copy_battery(dest: Path) -> Path:
+    """goldens/numerics and pins/ side by side, as in the repository (set specs name their
+    pin by a relative path)."""
+    shutil.copytree(BATTERY, dest / "goldens" / "numerics")
+    shutil.copytree(REPO / "pins", dest / "pins")
+    return dest / "goldens" / "numerics"
+
+
+@pytest.mark.slow
+def test_generators_are_byte_identical_across_two_generations(cpu_oracle: BuiltOracle,
+                                                              tmp_path: Path) -> None:
+    venv = OracleVenv(cpu_oracle.venv)
+    transformers = venv.distributions()["transformers"]
+    runs = []
+    for n in (1, 2):  # two homes: each reads the layouts from transformers afresh
+        home = tmp_path / f"home{n}"
+        runs.append({name: generators.generate(name, tmp_path / f"gen{n}" / name, home=home,
+                                               venv=venv, transformers=transformers)
+                     for name in generators.NAMES})
+    assert runs[0] == runs[1]
+    for spec_path in (BATTERY / "specs").glob("*.toml"):
+        spec = load_spec(spec_path)
+        assert spec.model.generate is not None
+        assert runs[0][spec.model.generate] == spec.model.files, spec_path.name
+    # MoE experts are one tensor per expert on disk, as real checkpoints are
+    header = (tmp_path / "gen1" / "tiny-qwen3-moe-v1" / "model.safetensors").read_bytes()
+    names = json.loads(header[8:8 + int.from_bytes(header[:8], "little")])
+    assert MOE_EXPERT in names and not any("gate_up_proj" in n for n in names)
+
+
+@pytest.mark.slow
+def test_battery_through_nox_prints_numerics_ok_and_fingerprint(cpu_oracle: BuiltOracle,
+                                                                tmp_path: Path) -> None:
+    battery = copy_battery(tmp_path)
+    args = ["nox", "-s", "numerics", "--", "--home", str(cpu_oracle.home), "--battery",
+            str(battery)]
+    first = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    where = set_dir(battery, cpu_oracle.pin, "cpu", str(host.host().cpu_variant))
+    if "ORACLE_NUMERICS_CAPTURED" in first.stdout:  # no committed set for this CPU variant
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert f"git add {where}" in first.stdout
+        first = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    m = re.search(r"^ORACLE_NUMERICS_OK (sha256:[0-9a-f]{64})$", first.stdout, re.M)
+    assert m, first.stdout[-3000:]
+    members = sorted(where.glob("*/golden.json"))
+    assert len(members) == len(list((battery / "specs").glob("*.toml")))
+    assert m.group(1) == fingerprint(members)
+    assert first.stdout.count("top-k logprobs bit-identical") + first.stderr.count(
+        "top-k logprobs bit-identical") == len(members)
+    record = json.loads((cpu_oracle.venv / "oracle-build" / "build-record.json").read_text())
+    assert record["numerics"]["fingerprint"] == m.group(1)
+    assert record["numerics"]["verdict"] == "ORACLE_NUMERICS_OK"
+
+
+@pytest.mark.slow
+def test_changed_moe_expert_is_drift_naming_qwen3_moe(cpu_oracle: BuiltOracle, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    battery = copy_battery(tmp_path)
+    home = str(cpu_oracle.home)
+    where = set_dir(battery, cpu_oracle.pin, "cpu", str(host.host().cpu_variant))
+    if not (where / "qwen3-moe" / "golden.json").exists():  # another CPU variant: capture
+        assert main(["numerics", "--home", home, "--battery", str(battery),
+                     "--only", "qwen3-moe"]) == 0
+    original = generators.values
+
+    def one_value_changed(generator: str, name: str, shape: list[int]) -> np.ndarray:
+        out = original(generator, name, shape)
+        if generator == "tiny-qwen3-moe-v1" and name == MOE_EXPERT:
+            out = out.copy()
+            out[0, 0] = np.float32(4.0)
+        return out
+
+    monkeypatch.setattr(generators, "values", one_value_changed)
+    capsys.readouterr()
+    # the spec still pins the old hash: the model is refused before any engine starts
+    assert main(["numerics", "--home", home, "--battery", str(battery),
+                 "--only", "qwen3-moe"]) == EXIT_MODEL
+    assert "model.safetensors: sha256" in capsys.readouterr().err
+    # the spec and golden pin the regenerated model: the oracle's numbers now differ
+    model = cpu_oracle.home / "models" / "tiny-qwen3-moe-v1" / "model.safetensors"
+    new_hash = hashlib.sha256(model.read_bytes()).hexdigest()
+    golden_path = where / "qwen3-moe" / "golden.json"
+    golden = json.loads(golden_path.read_text())
+    old_hash = golden["spec"]["model"]["files"]["model.safetensors"]
+    assert new_hash != old_hash
+    golden["spec"]["model"]["files"]["model.safetensors"] = new_hash
+    golden_path.write_text(json.dumps(golden))
+    spec_path = where / "qwen3-moe" / "spec.toml"
+    spec_path.write_text(spec_path.read_text().replace(old_hash, new_hash))
+    code = main(["numerics", "--home", home, "--battery", str(battery), "--only", "qwen3-moe"])
+    out = capsys.readouterr().out
+    assert code == EXIT_DRIFT, out[-3000:]
+    assert "ORACLE_NUMERICS_DRIFT" in out and "ORACLE_NUMERICS_OK" not in out
+    assert re.search(r"^  qwen3-moe: prompt \w+ position \d+", out, re.M), out[-3000:]
+    monkeypatch.setattr(generators, "values", original)
+    generators.generate("tiny-qwen3-moe-v1", model.parent, home=cpu_oracle.home,
+                        venv=OracleVenv(cpu_oracle.venv),
+                        transformers=OracleVenv(cpu_oracle.venv).distributions()["transformers"])
+
+
+@pytest.mark.slow
+def test_a_checkpoint_tensor_the_loader_skips_refuses_the_capture(
+        cpu_oracle: BuiltOracle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's Llama loader skips `rotary_emb.inv_freq` by name: a generator writing one
+    would leave a tensor no loader read. The capture says which, and publishes nothing."""
+    family = generators.BY_GENERATOR["tiny-llama-bf16-v1"]
+    original = generators.family_files
+
+    def with_extra(fam: generators.Family, tensors: dict[str, list[int]]) -> dict[str, bytes]:
+        if fam.generator == family.generator:
+            tensors = {**tensors, "model.layers.0.self_attn.rotary_emb.inv_freq": [32]}
+        return original(fam, tensors)
+
+    monkeypatch.setattr(generators, "family_files", with_extra)
+    venv = OracleVenv(cpu_oracle.venv)
+    files = generators.generate(family.generator, tmp_path / "m", home=tmp_path / "h",
+                                venv=venv, transformers=venv.distributions()["transformers"])
+    spec_dir = tmp_path / "spec"
+    spec_dir.mkdir()
+    text = (BATTERY / "specs" / "llama-bf16.toml").read_text()
+    text = re.sub(r'^pin = ".*"$', f'pin = "{REPO / "pins" / "cpu.toml"}"', text, flags=re.M)
+    for name, digest in files.items():
+        text = re.sub(rf'^"{re.escape(name)}" = "[0-9a-f]{{64}}"$', f'"{name}" = "{digest}"',
+                      text, flags=re.M)
+    (spec_dir / "spec.toml").write_text(text)
+    capsys.readouterr()
+    code = main(["capture", str(spec_dir), "--home", str(cpu_oracle.home)])
+    err = capsys.readouterr().err
+    assert code == EXIT_REFUSED, err[-3000:]
+    assert "skipped 1 of 22 checkpoint tensors" in err
+    assert "model.layers.0.self_attn.rotary_emb.inv_freq" in err
+    assert not (spec_dir / "golden.json").exists()
+    monkeypatch.setattr(generators, "family_files", original)
+    generators.generate(family.generator, cpu_oracle.home / "models" / family.generator,
+                        home=cpu_oracle.home, venv=venv,
+                        transformers=venv.distributions()["transformers"])
+
+
+@pytest.mark.slow
+def test_golden_of_another_cpu_variant_is_not_verifiable_here(
+        cpu_oracle: BuiltOracle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    battery = copy_battery(tmp_path)
+    here = str(host.host().cpu_variant)
+    other = "x86_64-avx2" if here != "x86_64-avx2" else "x86_64-avx512_bf16"
+    sets = sorted((battery / "sets" / cpu_oracle.pin.key / "cpu").glob("*/llama/golden.json"))
+    assert sets
+    path = sets[0]
+    golden = json.loads(path.read_text())
+    golden["oracle"]["identity"]["cpu_variant"] = other
+    path.write_text(json.dumps(golden))
+    capsys.readouterr()
+    code = main(["verify", str(path), "--home", str(cpu_oracle.home)])
+    out = capsys.readouterr()
+    assert code == EXIT_NOT_HERE, out.out[-2000:]
+    assert f"captured under CPU kernel variant {other}; this host runs {here}" in out.out
+    assert "not drift" in out.out and "DRIFT" not in out.out
+    assert "==> engine" not in out.err  # nothing was run
+    # a golden with its records damaged is still refused as bad input, variant or not
+    del golden["engine"]["resolved"]["dtype"]
+    path.write_text(json.dumps(golden))
+    assert main(["verify", str(path), "--home", str(cpu_oracle.home)]) == 2
