@@ -22,7 +22,7 @@ from oracle_build.commands.numerics import fingerprint, set_dir
 from oracle_build.contracts.spec import GENERATED_MODELS, load_spec
 from oracle_build.core.errors import EXIT_DRIFT, EXIT_MODEL, EXIT_NOT_HERE, EXIT_REFUSED
 from oracle_build.oracle_venv import OracleVenv
-from tests.conftest import REPO, BuiltOracle
+from tests.conftest import REPO, BuiltOracle, copy_tree_for_golden
 
 BATTERY = REPO / "goldens" / "numerics"
 MOE_EXPERT = "model.layers.0.mlp.experts.1.down_proj.weight"
@@ -242,3 +242,29 @@ def test_golden_of_another_cpu_variant_is_not_verifiable_here(
     del golden["engine"]["resolved"]["dtype"]
     path.write_text(json.dumps(golden))
     assert main(["verify", str(path), "--home", str(cpu_oracle.home)]) == 2
+
+
+@pytest.mark.slow
+def test_main_job_on_another_cpu_variant_ends_well_with_this_hosts_own_capture(
+        cpu_oracle: BuiltOracle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`nox` (verify with no arguments) where the bundled golden is another CPU variant's:
+    not verifiable here, then this host's own capture of the embedded default verified."""
+    folder = copy_tree_for_golden(tmp_path)
+    golden = json.loads((folder / "golden.json").read_text())
+    here = str(host.host().cpu_variant)
+    golden["oracle"]["identity"]["cpu_variant"] = ("x86_64-avx2" if here != "x86_64-avx2"
+                                                   else "x86_64-avx512_bf16")
+    (folder / "golden.json").write_text(json.dumps(golden))
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    code = main(["verify", "--home", str(cpu_oracle.home)])
+    out = capsys.readouterr()
+    assert code == 0, out.out[-3000:] + out.err[-3000:]
+    assert "NOT VERIFIABLE HERE (another CPU kernel variant), not drift" in out.out
+    assert "proving what this host can" in out.err
+    (own,) = [p for p in (cpu_oracle.home / "captures").glob("*/tiny-llama-greedy/golden.json")
+              if str(p) in out.out]
+    assert json.loads(own.read_text())["oracle"]["identity"]["cpu_variant"] == here
+    # the bundled golden itself was not touched
+    assert json.loads((folder / "golden.json").read_text()) == golden

@@ -41,6 +41,7 @@ class Job:
     golden_path: Path
     pin: Pin
     target_name: str
+    pin_path: Path
     oracle: engine.Oracle | None = None
     model_path: Path | None = None
     model: ModelRecord | None = None
@@ -55,11 +56,12 @@ class Job:
 def make_job(path: Path, *, host_target: str | None = None, out: Path | None = None) -> Job:
     sp = spec_file(path)
     spec = load_spec(sp)
-    pin = load_pin((sp.parent / spec.pin).resolve())
+    pin_path = (sp.parent / spec.pin).resolve()
+    pin = load_pin(pin_path)
     target = spec.target or host.choose_target(pin, host.host(), host_target)
     pin.target(target)
     golden = (out / spec.name / "golden.json") if out else sp.parent / "golden.json"
-    return Job(spec, sp, golden, pin, target)
+    return Job(spec, sp, golden, pin, target, pin_path)
 
 
 def prepare(job: Job, oracles: engine.Oracles, home: Path) -> None:
@@ -97,7 +99,10 @@ def golden_from(job: Job, result: engine.EngineResult, run: dict[str, Any],
     return Golden(
         golden_schema=GOLDEN_SCHEMA,
         name=spec.name,
-        spec=spec.model_dump(mode="json", by_alias=True),
+        # the pin as seen from the golden's own folder (``--out`` writes it elsewhere than
+        # its spec), so verify finds it from the golden alone
+        spec={**spec.model_dump(mode="json", by_alias=True),
+              "pin": os.path.relpath(job.pin_path, job.golden_path.parent.resolve())},
         spec_sha256=sha256_file(job.spec_path),
         oracle=OracleRecord(pin_id=oracle.pin.id, pin_hash=oracle.pin.content_hash,
                             pin_key=oracle.pin.key, target=oracle.target_name,
