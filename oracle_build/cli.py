@@ -203,7 +203,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from oracle_build.report import render
 
     home, _ = _homes(args)
-    report = verify([Path(p) for p in args.goldens], home=home)
+    pin_override = None
+    if args.pin:
+        from oracle_build.contracts.pins import load_pin
+
+        pin_override = load_pin(Path(args.pin))
+    report = verify([Path(p) for p in args.goldens], home=home, pin_override=pin_override)
     if args.json:
         print(report.model_dump_json(indent=2))
     else:
@@ -530,6 +535,10 @@ def parser() -> argparse.ArgumentParser:
         "modifies a golden.", epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("goldens", nargs="*", help="golden folders or golden.json files")
+    v.add_argument("--pin", help="run the goldens on this pin's built oracle instead of their "
+                   "own (by default: the pin file the golden's spec names, or, when that file "
+                   "is not there, the copy of its pin every golden carries, found in the home "
+                   "by its hash; nothing is built)")
     _add_home_args(v, json_help="machine-readable report "
                    "(schema: oracle_build/contracts/schemas/verify-report.schema.json)")
     v.set_defaults(func=cmd_verify)

@@ -10,6 +10,7 @@ from oracle_build import engine, judge
 from oracle_build.commands.capture import make_job, prepare
 from oracle_build.contracts.candidate import load_candidate, pair
 from oracle_build.contracts.golden import Golden, golden_file, load_golden, recorded
+from oracle_build.core import layout
 from oracle_build.core.errors import BadInput
 
 
@@ -17,7 +18,8 @@ def _session(golden: Golden, path: Path, home: Path, *,
              changes: dict[str, Any] | None = None) -> engine.EngineSession:
     """An engine session under a golden's recorded configuration (with ``changes``)."""
     rec = recorded(golden, path)
-    oracle = engine.Oracles(home).get(rec.pin(path), rec.oracle.target)
+    oracle = engine.Oracles(home).get(rec.pin(path, unpack_to=layout.pins_dir(home)),
+                                      rec.oracle.target)
     model = engine.recorded_model(rec, path, home, oracle)
     return engine.EngineSession(oracle, model, {**rec.engine.requested, **(changes or {})},
                                 home)

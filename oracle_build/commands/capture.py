@@ -17,6 +17,7 @@ from typing import Any
 from oracle_build import engine, host, judge
 from oracle_build.contracts.golden import (
     GOLDEN_SCHEMA,
+    EmbeddedPin,
     Golden,
     LegsRecord,
     ModelRecord,
@@ -30,7 +31,7 @@ from oracle_build.contracts.spec import Spec, load_spec, spec_file
 from oracle_build.core import layout
 from oracle_build.core.errors import EngineFailed, OutputFailed, Refused
 from oracle_build.core.filelock import held
-from oracle_build.core.files import sha256_file
+from oracle_build.core.files import read_text, sha256_file
 from oracle_build.core.log import say
 
 
@@ -72,6 +73,14 @@ def prepare(job: Job, oracles: engine.Oracles, home: Path) -> None:
     job.args = engine.engine_args(job.spec.engine, job.oracle.target)
 
 
+def embedded_pin(pin: Pin) -> EmbeddedPin:
+    """The pin file and its lock, carried in the golden (portable to another tree)."""
+    lock = pin.lock_path
+    return EmbeddedPin(pin_name=pin.path.name, pin_toml=read_text(pin.path),
+                       lock_name=lock.name if lock else None,
+                       lock_text=read_text(lock) if lock else None)
+
+
 def legs_record(run: dict[str, Any], ids: list[str]) -> LegsRecord:
     tokens = [[p["token_ids"] for p in leg] for leg in run["legs"]]
     agreement = judge.legs_agreement(tokens, ids)
@@ -107,7 +116,8 @@ def golden_from(job: Job, result: engine.EngineResult, run: dict[str, Any],
         oracle=OracleRecord(pin_id=oracle.pin.id, pin_hash=oracle.pin.content_hash,
                             pin_key=oracle.pin.key, target=oracle.target_name,
                             identity=oracle.identity.summary(),
-                            build_record_sha256=oracle.build_record_sha256),
+                            build_record_sha256=oracle.build_record_sha256,
+                            embedded_pin=embedded_pin(oracle.pin)),
         model=job.model,
         engine=result.engine_record(),
         environment=result.environment,

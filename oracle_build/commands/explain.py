@@ -90,7 +90,7 @@ def explain(path: Path, *, home: Path, vary: dict[str, list[Any]] | None = None,
     model: Path | None
     if golden.configuration_recorded and golden.source is None:
         rec = recorded(golden, path)
-        pin = rec.pin(path)
+        pin = rec.pin(path, unpack_to=layout.pins_dir(home))
         target_name = rec.oracle.target
         model = None  # resolved once the oracle is open (a battery model needs it)
         base_args = dict(rec.engine.requested)

@@ -30,6 +30,7 @@ from oracle_build.contracts.reports import (
     Status,
     VerifyReport,
 )
+from oracle_build.core import layout
 from oracle_build.core.errors import (
     EXIT_CONFIG_DIFF,
     EXIT_DRIFT,
@@ -236,8 +237,10 @@ def discover(paths: list[Path]) -> list[Path]:
     return found
 
 
-def verify(paths: list[Path], *, home: Path,
-           oracles: engine.Oracles | None = None) -> VerifyReport:
+def verify(paths: list[Path], *, home: Path, oracles: engine.Oracles | None = None,
+           pin_override: Pin | None = None) -> VerifyReport:
+    """``pin_override``: run every golden on this pin's oracle instead of the golden's own
+    (identity then reports what differs)."""
     items: list[Item] = []
     verdicts: list[GoldenVerdict] = []
     for path in discover(paths):
@@ -248,7 +251,7 @@ def verify(paths: list[Path], *, home: Path,
         rec = recorded(golden, path)
         records_complete(rec, path)
         reason = check_gate(golden, path)
-        pin = rec.pin(path)
+        pin = pin_override or rec.pin(path, unpack_to=layout.pins_dir(home))
         target = pin.target(rec.oracle.target)
         ok, why = host.fits(target, host.host())
         if not ok:

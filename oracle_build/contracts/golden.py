@@ -118,6 +118,15 @@ class PromptRecord(Strict):
         return self
 
 
+class EmbeddedPin(Strict):
+    """The pin's own files, so a golden copied into another tree still names its oracle."""
+
+    pin_name: str
+    pin_toml: str
+    lock_name: str | None = None
+    lock_text: str | None = None
+
+
 class OracleRecord(Strict):
     pin_id: str
     pin_hash: str
@@ -125,6 +134,7 @@ class OracleRecord(Strict):
     target: str
     identity: dict[str, Any]
     build_record_sha256: str
+    embedded_pin: EmbeddedPin | None = None
 
 
 class RunRecord(Strict):
@@ -262,15 +272,43 @@ class Recorded:
     environment: dict[str, str]
     logprobs: int
 
-    def pin(self, path: Path) -> Pin:
-        """The pin the golden's spec names, relative to the golden's folder."""
+    def pin(self, path: Path, *, unpack_to: Path | None = None) -> Pin:
+        """The golden's pin: the file its spec names relative to the golden's folder when
+        it is there (the tree's current pin: if it changed since the capture, identity says
+        so); otherwise the copy the golden carries (a golden copied into another tree),
+        unpacked under ``unpack_to`` and checked against the recorded hash."""
         rel = self.spec.get("pin")
         if not isinstance(rel, str):
             raise BadInput(path, [("spec.pin", "missing")])
         pin_path = (path.parent / rel).resolve()
+        embedded = self.oracle.embedded_pin
+        if embedded is not None and unpack_to is not None:
+            unpacked = unpack_pin(embedded, unpack_to / self.oracle.pin_key)
+            pin = load_pin(unpacked)
+            if pin.content_hash != self.oracle.pin_hash:
+                raise BadInput(path, [("oracle.embedded_pin", f"hashes to {pin.content_hash}; "
+                                       f"the golden records pin_hash {self.oracle.pin_hash}")],
+                               hint="the golden was edited or damaged: re-capture it")
+            if not pin_path.exists():
+                return pin
         if not pin_path.exists():
-            raise BadInput(path, [("spec.pin", f"{pin_path} not found")])
+            raise BadInput(path, [("spec.pin", f"{pin_path} not found, and the golden carries "
+                                   "no copy of its pin (captured before goldens did)")],
+                           hint="pass --pin FILE")
         return load_pin(pin_path)
+
+
+def unpack_pin(embedded: EmbeddedPin, folder: Path) -> Path:
+    """Write a golden's copy of its pin (and lock) into ``folder``; return the pin file."""
+    for name in (embedded.pin_name, embedded.lock_name):
+        if name is not None and ("/" in name or name.startswith(".")):
+            raise BadInput(folder, [("oracle.embedded_pin", f"file name {name!r} is not a plain "
+                                     "file name")])
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(folder / embedded.pin_name, embedded.pin_toml.encode())
+    if embedded.lock_name is not None and embedded.lock_text is not None:
+        atomic_write_bytes(folder / embedded.lock_name, embedded.lock_text.encode())
+    return folder / embedded.pin_name
 
 
 def recorded(golden: Golden, path: Path) -> Recorded:

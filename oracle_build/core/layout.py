@@ -73,6 +73,11 @@ def set_aside(home: Path, why: str, pin_key: str) -> Path:
     return dest
 
 
+def pins_dir(home: Path) -> Path:
+    """Where pins carried inside goldens are unpacked (one folder per pin key)."""
+    return home / "pins"
+
+
 def model_dir(home: Path, name: str) -> Path:
     return home / "models" / name
 
