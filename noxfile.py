@@ -68,9 +68,10 @@ def identity(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def capture(session: nox.Session) -> None:
-    """Capture goldens (`-- goldens/NAME ... [--replace] [--out DIR]`; none: embedded default).
+    """Capture goldens (`-- goldens/NAME ... [--out DIR]`; none: the embedded default).
 
-    With no spec, the embedded default is captured into a fresh folder under the oracle home.
+    `--replace --reason TEXT` re-baselines (the old golden is kept). With no spec, the
+    embedded default is captured into a fresh folder under the oracle home.
     """
     _cli(session, "capture")
 

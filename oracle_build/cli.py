@@ -414,7 +414,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
                 "(its committed golden is never overwritten)")
     written = capture(paths, home=home, replace=args.replace,
                       allow_nondeterministic=args.allow_nondeterministic,
-                      target=args.target, out=out)
+                      target=args.target, out=out, reason=args.reason)
     for path in written:
         print(path)
     return EXIT_OK
@@ -517,7 +517,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--out", help="write goldens to OUT/<name>/golden.json instead of next to "
                    "their spec")
     c.add_argument("--replace", action="store_true",
-                   help="replace an existing golden; the old one is kept under replaced/")
+                   help="replace an existing golden (needs --reason); the old one is kept "
+                   "under replaced/")
+    c.add_argument("--reason", help="why the golden is re-baselined (a pin bump, a fixed "
+                   "spec): recorded in the new golden with the replaced golden's oracle")
     c.add_argument("--allow-nondeterministic", action="store_true",
                    help="publish even if the legs disagree, marked non-deterministic (never "
                    "usable for a strict gate)")

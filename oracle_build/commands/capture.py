@@ -23,15 +23,17 @@ from oracle_build.contracts.golden import (
     ModelRecord,
     OracleRecord,
     PromptRecord,
+    ReplacedRecord,
     RunRecord,
+    load_golden,
     publish,
 )
 from oracle_build.contracts.pins import Pin, load_pin
 from oracle_build.contracts.spec import Spec, load_spec, spec_file
 from oracle_build.core import layout
-from oracle_build.core.errors import EngineFailed, OutputFailed, Refused
+from oracle_build.core.errors import BadInput, EngineFailed, OutputFailed, Refused
 from oracle_build.core.filelock import held
-from oracle_build.core.files import read_text, sha256_file
+from oracle_build.core.files import read_text, sha256_bytes, sha256_file
 from oracle_build.core.log import say
 
 
@@ -154,6 +156,23 @@ def weights_consumed(job: Job, result: engine.EngineResult) -> None:
         "vLLM's loader")
 
 
+def replaced_record(path: Path, reason: str) -> ReplacedRecord:
+    """The golden about to be replaced: its bytes' sha256, its oracle, when it was made. A
+    file that no longer loads is still named by its hash."""
+    data = path.read_bytes()
+    facts: dict[str, Any] = {}
+    try:
+        old = load_golden(path)
+        if isinstance(old.oracle, OracleRecord):
+            facts = {"pin_hash": old.oracle.pin_hash, "pin_key": old.oracle.pin_key,
+                     "vllm": old.oracle.identity.get("vllm")}
+        facts["created_utc"] = old.run.created_utc if old.run else None
+    except BadInput as exc:
+        say(f"    the golden being replaced does not load ({exc.message.splitlines()[0]}); "
+            "recording its hash only")
+    return ReplacedRecord(reason=reason.strip(), golden_sha256=sha256_bytes(data), **facts)
+
+
 def writable_or_refuse(folder: Path) -> None:
     """Before any engine starts: the golden's folder can be created and written."""
     try:
@@ -169,8 +188,10 @@ def writable_or_refuse(folder: Path) -> None:
 
 def capture(paths: list[Path], *, home: Path, replace: bool = False,
             allow_nondeterministic: bool = False, target: str | None = None,
-            out: Path | None = None, oracles: engine.Oracles | None = None) -> list[Path]:
-    """Capture every spec in ``paths``; returns the goldens written."""
+            out: Path | None = None, oracles: engine.Oracles | None = None,
+            reason: str | None = None) -> list[Path]:
+    """Capture every spec in ``paths``; returns the goldens written. Replacing a golden
+    needs ``reason``; the new golden records it and what it replaced."""
     jobs = [make_job(p, host_target=target, out=out) for p in paths]
     names = [j.golden_path for j in jobs]
     if len(set(names)) != len(names):
@@ -178,7 +199,12 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
     for job in jobs:  # refuse before any engine starts
         if job.golden_path.exists() and not replace:
             raise Refused(f"{job.golden_path} exists; a golden is never overwritten",
-                          hint="--replace writes a new one and keeps the old under replaced/")
+                          hint="--replace --reason TEXT writes a new one and keeps the old "
+                          "under replaced/")
+        if job.golden_path.exists() and not (reason or "").strip():
+            raise Refused(f"replacing {job.golden_path} needs a reason",
+                          hint="--reason TEXT: the new golden records it, with the replaced "
+                          "golden's oracle (a re-baseline says why)")
         writable_or_refuse(job.golden_path.parent)
     oracles = oracles or engine.Oracles(home)
     groups: dict[str, list[Job]] = {}
@@ -221,9 +247,12 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
                         f"{job.spec.name}: the legs disagree ({where}); not published",
                         hint="--allow-nondeterministic records it, marked non-deterministic "
                         "(it can never back a strict gate)")
+                if job.golden_path.exists() and reason:
+                    golden = golden.model_copy(update={"replaces": replaced_record(
+                        job.golden_path, reason)})
                 kept = publish(golden, job.golden_path, replace=replace)
                 if kept:
-                    say(f"    kept the replaced golden at {kept}")
+                    say(f"    kept the replaced golden at {kept} (reason: {reason})")
                 say(f"    wrote {job.golden_path} ({len(golden.prompts)} prompts, "
                     f"{legs.count} legs, legs agree: {legs.agree})")
                 written.append(job.golden_path)

@@ -169,6 +169,17 @@ class ImportRecord(Strict):
 NULLABLE = ("spec", "model", "engine", "environment", "batch", "legs", "logprobs", "run")
 
 
+class ReplacedRecord(Strict):
+    """What a re-baselined golden replaced, and why (capture --replace --reason)."""
+
+    reason: str = Field(min_length=1)
+    golden_sha256: Sha256  # the replaced file's bytes: the copy under replaced/ has this hash
+    pin_hash: str | None = None
+    pin_key: str | None = None
+    vllm: str | None = None
+    created_utc: str | None = None
+
+
 class Golden(Strict):
     golden_schema: int
     name: SafeName
@@ -191,6 +202,7 @@ class Golden(Strict):
     source: ImportRecord | None = None
     # field -> why it was not recorded (an imported golden carries its source's reasons)
     unrecorded: dict[str, str] = Field(default_factory=dict)
+    replaces: ReplacedRecord | None = None
 
     @property
     def configuration_recorded(self) -> bool:
@@ -248,7 +260,8 @@ def _publish(data: bytes, path: Path, *, replace: bool) -> Path | None:
     if path.exists():
         if not replace:
             raise Refused(f"{path} exists; a golden is never overwritten",
-                          hint="--replace writes the new one and keeps the old under replaced/")
+                          hint="--replace --reason TEXT writes the new one and keeps the old "
+                          "under replaced/")
         kept = path.parent / "replaced" / f"{path.stem}.{stamp()}.json"
         kept.parent.mkdir(parents=True, exist_ok=True)
         path.rename(kept)
