@@ -19,6 +19,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from oracle_build import host, identity
 from oracle_build.build import checkout, record, source
 from oracle_build.build.plan import Plan, Step
+from oracle_build.build.wheelhouse import Wheelhouse
 from oracle_build.contracts.pins import GitSource, LockEntry
 from oracle_build.core import env as envmod
 from oracle_build.core import proc
@@ -119,7 +120,7 @@ def preflight(state: BuildState, step: Step) -> None:
 
 def _missing(state: BuildState, entries: list[LockEntry]) -> list[LockEntry]:
     wh = state.plan.wheelhouse
-    return [e for e in entries if wh.find(e) is None]
+    return [e for e in entries if wh.find(e) is None and wh.borrow(e) is None]
 
 
 def _download(state: BuildState, cmd: proc.Cmd, entries: list[LockEntry], *,
@@ -146,10 +147,19 @@ def _download(state: BuildState, cmd: proc.Cmd, entries: list[LockEntry], *,
         shutil.rmtree(incoming, ignore_errors=True)
 
 
+def _shared_count(wh: Wheelhouse) -> int:
+    return sum(1 for info in wh.files().values() if str(info.get("origin", "")).startswith(
+        "shared:")) if wh.manifest_path.exists() else 0
+
+
 def fetch(state: BuildState, step: Step) -> None:
     p = state.plan
     entries = list(p.pin.require_lock())
+    shared = _shared_count(p.wheelhouse)
     missing = _missing(state, entries)
+    if _shared_count(p.wheelhouse) > shared:
+        say(f"    {_shared_count(p.wheelhouse) - shared} wheels linked from other pins' "
+            "wheelhouses (same sha256): not downloaded again")
     if not missing:
         say(f"    all {len(entries)} wheels present in the wheelhouse, hashes verified")
         return

@@ -8,6 +8,7 @@ Put the root on storage that survives a reimage (``--wheelhouse`` or
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,42 @@ class Wheelhouse:
                 self._save(data)
                 continue
             return path
+        return None
+
+    def borrow(self, entry: LockEntry) -> Path | None:
+        """The locked wheel from another pin's wheelhouse beside this one (pins that share
+        most of their dependencies, e.g. two vLLM versions on one torch): hard-linked in (a
+        copy where links are not possible), its bytes checked against the lock first. A
+        second pin then downloads and stores only what differs."""
+        for manifest in sorted(self.root.parent.glob("*/manifest.json")):
+            if manifest.parent == self.root:
+                continue
+            try:
+                data = load_json(manifest)
+            except BadInput:
+                continue  # another pin's damaged manifest is its own build's problem
+            wheels = data.get("wheels") if isinstance(data, dict) else None
+            for filename, info in (wheels or {}).items():
+                if not isinstance(info, dict) or info.get("sha256") not in entry.sha256:
+                    continue
+                if wheel_key(filename) != (entry.key, entry.version):
+                    continue
+                src = manifest.parent / filename
+                if not src.is_file() or sha256_file(src) != info["sha256"]:
+                    continue
+                self.root.mkdir(parents=True, exist_ok=True)
+                dest: Path = self.root / str(filename)
+                dest.unlink(missing_ok=True)
+                try:
+                    os.link(src, dest)
+                except OSError:
+                    shutil.copy2(src, dest)
+                mine = self.manifest()
+                mine["wheels"][filename] = {"sha256": info["sha256"],
+                                            "size": dest.stat().st_size,
+                                            "origin": f"shared:{manifest.parent.name}"}
+                self._save(mine)
+                return dest
         return None
 
     def find_built(self, distribution: str, version: str) -> Path | None:
