@@ -87,6 +87,12 @@ def numerics(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def diff(session: nox.Session) -> None:
+    """What moves between two oracles: `-- PIN_A PIN_B [GOLDENS...]` (both built)."""
+    _cli(session, "diff")
+
+
+@nox.session(python=PYTHON)
 def verify(session: nox.Session) -> None:
     """Re-run goldens: identity, then configuration, then tokens (`-- goldens/NAME --json`)."""
     _cli(session, "verify")

@@ -204,10 +204,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     home, _ = _homes(args)
     pin_override = None
-    if args.pin:
+    if args.oracle:
         from oracle_build.contracts.pins import load_pin
 
-        pin_override = load_pin(Path(args.pin))
+        pin_override = load_pin(Path(args.oracle))
     report = verify([Path(p) for p in args.goldens], home=home, pin_override=pin_override)
     if args.json:
         print(report.model_dump_json(indent=2))
@@ -270,6 +270,17 @@ def cmd_numerics(args: argparse.Namespace) -> int:
     if args.only:
         say("(fingerprint over the members run with --only, not the whole battery)")
     return out.exit_code
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from oracle_build.commands.diff import diff, render
+    from oracle_build.contracts.pins import load_pin
+
+    home, _ = _homes(args)
+    report, record = diff(load_pin(Path(args.pin_a)), load_pin(Path(args.pin_b)),
+                          [Path(p) for p in args.goldens], home=home, target=args.target)
+    print(report.model_dump_json(indent=2) if args.json else render(report, record))
+    return EXIT_OK
 
 
 def cmd_margin(args: argparse.Namespace) -> int:
@@ -538,10 +549,13 @@ def parser() -> argparse.ArgumentParser:
         "modifies a golden.", epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("goldens", nargs="*", help="golden folders or golden.json files")
-    v.add_argument("--pin", help="run the goldens on this pin's built oracle instead of their "
-                   "own (by default: the pin file the golden's spec names, or, when that file "
-                   "is not there, the copy of its pin every golden carries, found in the home "
-                   "by its hash; nothing is built)")
+    v.add_argument("--oracle", metavar="PIN",
+                   help="run the goldens on this pin's built oracle instead of their own: "
+                   "identity differences first (ORACLE DIFFERS, package by package), then the "
+                   "configuration and the tokens and margins, not adjudicable; exit 3. "
+                   "Without it: the pin file the golden's spec names, or, when that file is "
+                   "not there, the copy of its pin the golden carries, found in the home by "
+                   "its hash (nothing is built)")
     _add_home_args(v, json_help="machine-readable report "
                    "(schema: oracle_build/contracts/schemas/verify-report.schema.json)")
     v.set_defaults(func=cmd_verify)
@@ -565,6 +579,26 @@ def parser() -> argparse.ArgumentParser:
     nm.add_argument("--only", nargs="+", metavar="NAME",
                     help="only these members (spec names in BATTERY/specs)")
     nm.set_defaults(func=cmd_numerics)
+
+    df = sub.add_parser(
+        "diff", help="what moves between two oracles, over goldens' recorded configurations",
+        description="Runs both pins' built oracles (each must pass its own identity), one "
+        "engine at a time, under each golden's recorded prompts, batch composition, sampling "
+        "and engine arguments (default: every goldens/*/golden.json), and reports per golden "
+        "and prompt the first divergence between A and B with both margins, classed exact "
+        "tie, near-tie or real, whether the top-k logprobs are bit-identical, the settings "
+        "the two engines resolved differently, and the package diff; it ends with one line "
+        "per golden: same / moved at near-ties only / moved. The record (schema: "
+        "oracle_build/contracts/schemas/diff.schema.json) is written under HOME/diffs/ for a "
+        "pin-bump pull request to attach. Nothing under goldens/ is written. Exit 0 whatever "
+        "moved (a diff is a report, not a gate).",
+        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    df.add_argument("pin_a", metavar="PIN_A", help="the reference pin (e.g. the current one)")
+    df.add_argument("pin_b", metavar="PIN_B", help="the pin compared with it")
+    df.add_argument("goldens", nargs="*", help="golden folders or golden.json files")
+    df.add_argument("--target", help="pin target (default: detected)")
+    _add_home_args(df, json_help="print the record (diff.schema.json) instead of the text")
+    df.set_defaults(func=cmd_diff)
 
     mg = sub.add_parser("margin", help="teacher-forced top-k and top-2 margin at one position",
                         description="Re-run the golden's configuration (prefix caching off) on "

@@ -31,7 +31,8 @@ def render(report: VerifyReport) -> str:
             lines.append(f"  NOT VERIFIABLE HERE: {v.why}")
             continue
         if v.status != "config_unrecorded":
-            lines.append("  identity: " + ("OK" if not v.identity else "ORACLE MISMATCH"))
+            lines.append("  identity: " + ("OK" if not v.identity else "ORACLE DIFFERS" if
+                                           v.tokens else "ORACLE MISMATCH"))
         for d in v.identity:
             lines.append(f"    {d.field}: golden {_fmt(d.golden)}, current {_fmt(d.current)}")
         if (v.tokens or v.configuration) and v.status != "config_unrecorded":
@@ -44,7 +45,9 @@ def render(report: VerifyReport) -> str:
                          f"now {_fmt(d.current)}")
         if v.tokens:
             note = "" if v.adjudicable else f"  [{UNRECORDED_BANNER}]" if (
-                v.status == "config_unrecorded") else "  [NOT ADJUDICABLE: configuration differs]"
+                v.status == "config_unrecorded") else (
+                "  [NOT ADJUDICABLE: another oracle]" if v.status == "oracle_mismatch"
+                else "  [NOT ADJUDICABLE: configuration differs]")
             lines.append("  tokens:" + note)
             lines.append(f"    {'prompt':<20} {'ids':<4} {'match':<9} {'first div':>9} "
                          f"{'golden tok':>10} {'new tok':>8} {'golden margin':>14} "

@@ -7,6 +7,7 @@ reads goldens.
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,25 @@ def config_diffs(rec: Recorded, new: dict[str, Any]) -> tuple[list[FieldDiff],
     return numerics, context
 
 
+def wheel_diff(rec: Recorded, oracle: engine.Oracle) -> list[FieldDiff]:
+    """The vLLM wheel's sha256 (or commit) the golden's pin names against the current
+    pin's, when the golden carries its pin."""
+    embedded = rec.oracle.embedded_pin
+    if embedded is None:
+        return []
+    try:
+        old = tomllib.loads(embedded.pin_toml).get("vllm", {})
+    except tomllib.TOMLDecodeError:
+        return []
+    new = oracle.pin.model.vllm
+    out = []
+    for key in ("sha256", "commit"):
+        a, b = old.get(key), getattr(new, key, None)
+        if a != b:
+            out.append(FieldDiff(field=f"vllm.{key}", golden=a, current=b, cls="identity"))
+    return out
+
+
 def identity_diffs(rec: Recorded, oracle: engine.Oracle) -> list[FieldDiff]:
     now = oracle.identity.summary()
     diffs = [FieldDiff(field=f, golden=rec.oracle.identity.get(f), current=now.get(f),
@@ -166,6 +186,8 @@ class Item:
     oracle: engine.Oracle | None = None
     model_path: Path | None = None
     args: dict[str, Any] = field(default_factory=dict)
+    # verify --oracle: the oracle is knowingly not the golden's; run anyway, report this
+    oracle_differs: list[FieldDiff] = field(default_factory=list)
 
 
 def token_results(golden: Golden, leg: list[dict[str, Any]], band: float) -> list[
@@ -214,6 +236,17 @@ def verdict(item: Item, result: engine.EngineResult, run: dict[str, Any]) -> Gol
                        passed=passed if not numerics else None)
     status: Status = "pass"
     why = ""
+    if item.oracle_differs:
+        gate = GateVerdict(kind=g.gate.kind, admissible=True, reason=item.gate_reason,
+                           passed=None)
+        return GoldenVerdict(
+            name=g.name, path=str(item.path), status="oracle_mismatch",
+            why=f"ORACLE DIFFERS (run on pin {item.oracle.pin.key if item.oracle else '?'} "
+            "as asked): tokens and margins shown, not adjudicable for the golden's gate",
+            identity=item.oracle_differs, configuration=numerics, context=context,
+            adjudicable=False, tokens=[r.as_dict() for r in results],
+            summary=summary.line(g.gate.kind), gate=gate,
+            logprobs_identical=difference is None, logprobs_difference=difference)
     if numerics:
         status, why = "config_difference", ("the re-run's configuration differs from the "
                                             "golden's: tokens are not adjudicable")
@@ -284,6 +317,11 @@ def verify(paths: list[Path], *, home: Path, oracles: engine.Oracles | None = No
                           for f, e, g in oracle.identity.mismatches], adjudicable=False)
             continue
         ident = identity_diffs(item.rec, oracle)
+        if ident and pin_override is not None:
+            # asked for: run on another oracle; identity is still reported first, and the
+            # tokens are shown for what moved, never judged against the golden's gate
+            item.oracle_differs = ident + wheel_diff(item.rec, oracle)
+            ident = []
         if ident:  # identity first: tokens from another oracle would only mislead
             item.verdict = GoldenVerdict(
                 name=item.rec.golden.name, path=str(item.path), status="oracle_mismatch",

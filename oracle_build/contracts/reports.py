@@ -60,6 +60,51 @@ class VerifyReport(Strict):
     goldens: list[GoldenVerdict]
 
 
+# ----------------------------------------------------------------------------- diff
+
+DIFF_REPORT_SCHEMA = 1
+DiffVerdict = Literal["same", "moved at near-ties only", "moved", "not run"]
+
+
+class OracleSide(Strict):
+    pin_id: str
+    pin_key: str
+    pin_hash: str
+    target: str
+    vllm: str | None
+    torch: str | None
+    transformers: str | None
+    venv: str
+
+
+class PackageChange(Strict):
+    name: str
+    a: str | None  # None: not installed in A
+    b: str | None
+
+
+class GoldenDiff(Strict):
+    name: str
+    path: str
+    verdict: DiffVerdict
+    why: str = ""
+    tokens: list[dict[str, Any]] = Field(default_factory=list)  # A as reference, B as new
+    logprobs_identical: bool | None = None
+    configuration: list[FieldDiff] = Field(default_factory=list)  # A's run vs B's run
+    summary: str = ""
+
+
+class DiffReport(Strict):
+    """`diff PIN_A PIN_B`: what moves between two oracles over goldens' configurations."""
+
+    diff_schema: int
+    created_utc: str
+    a: OracleSide
+    b: OracleSide
+    packages: list[PackageChange]
+    goldens: list[GoldenDiff]
+
+
 # ----------------------------------------------------------------------------- explain
 
 class PromptOutcome(Strict):

@@ -12,12 +12,13 @@ HERE = Path(__file__).parent
 def generated() -> dict[str, dict[str, Any]]:
     from oracle_build.contracts.candidate import Candidate
     from oracle_build.contracts.golden import Golden
-    from oracle_build.contracts.reports import ExplainReport, VerifyReport
+    from oracle_build.contracts.reports import DiffReport, ExplainReport, VerifyReport
 
     return {"golden.schema.json": Golden.model_json_schema(by_alias=True, mode="validation"),
             "verify-report.schema.json": VerifyReport.model_json_schema(mode="validation"),
             "candidate.schema.json": Candidate.model_json_schema(mode="validation"),
-            "explain.schema.json": ExplainReport.model_json_schema(mode="validation")}
+            "explain.schema.json": ExplainReport.model_json_schema(mode="validation"),
+            "diff.schema.json": DiffReport.model_json_schema(mode="validation")}
 
 
 def write() -> list[Path]:
