@@ -75,8 +75,17 @@ def diff(pin_a: Pin, pin_b: Pin, paths: list[Path], *, home: Path,
             model = engine.recorded_model(rec, path, home, oracle)
             args = engine.engine_args(dict(rec.engine.requested), oracle.target)
             result = engine.EngineSession(oracle, model, args, home).run(
-                [request], what="diff", name=f"{golden.name}-{label}").require()
+                [request], what="diff", name=f"{golden.name}-{label}")
+            if not result.ok:  # what moved can be that one oracle no longer runs it
+                say(f"    engine failed on {label}: {result.error} (log: {result.log})")
+                break
             runs.append((result, result.runs[0]))
+        if len(runs) < 2:
+            label = "A" if not runs else "B"
+            out.append(GoldenDiff(name=golden.name, path=str(path),
+                                  verdict=f"engine failed on {label}",
+                                  why=f"{result.error} (log: {result.log})"))
+            continue
         (ra, run_a), (rb, run_b) = runs
         band = golden.gate.band_nats
         results = [judge.compare_prompt(p.id, x["prompt_token_ids"], x["token_ids"], x["topk"],
@@ -125,8 +134,8 @@ def render(report: DiffReport, record: Path) -> str:
     lines += [f"  {p.name}: {p.a or '-'} -> {p.b or '-'}" for p in report.packages]
     for g in report.goldens:
         lines.append(f"== {g.name}  ({g.path})")
-        if g.verdict == "not run":
-            lines.append(f"  not run: {g.why}")
+        if g.verdict == "not run" or g.verdict.startswith("engine failed"):
+            lines.append(f"  {g.verdict}: {g.why}")
             continue
         for d in g.configuration:
             lines.append(f"  configuration{' (context)' if d.cls == 'context' else ''}: "

@@ -63,7 +63,8 @@ class VerifyReport(Strict):
 # ----------------------------------------------------------------------------- diff
 
 DIFF_REPORT_SCHEMA = 1
-DiffVerdict = Literal["same", "moved at near-ties only", "moved", "not run"]
+DiffVerdict = Literal["same", "moved at near-ties only", "moved", "not run",
+                      "engine failed on A", "engine failed on B"]
 
 
 class OracleSide(Strict):
