@@ -208,7 +208,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         from oracle_build.contracts.pins import load_pin
 
         pin_override = load_pin(Path(args.oracle))
-    report = verify([Path(p) for p in args.goldens], home=home, pin_override=pin_override)
+    report = verify([Path(p) for p in args.goldens], home=home, pin_override=pin_override,
+                    cross_target=args.cross_target)
     if args.json:
         print(report.model_dump_json(indent=2))
     else:
@@ -556,6 +557,10 @@ def parser() -> argparse.ArgumentParser:
                    "Without it: the pin file the golden's spec names, or, when that file is "
                    "not there, the copy of its pin the golden carries, found in the home by "
                    "its hash (nothing is built)")
+    v.add_argument("--cross-target", action="store_true",
+                   help="run goldens recorded for another target on this host's target of "
+                   "their pin (or of --oracle's): the target difference is reported at "
+                   "identity level, tokens shown, not adjudicable; exit 3")
     _add_home_args(v, json_help="machine-readable report "
                    "(schema: oracle_build/contracts/schemas/verify-report.schema.json)")
     v.set_defaults(func=cmd_verify)

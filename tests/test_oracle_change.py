@@ -18,8 +18,8 @@ from oracle_build.cli import main
 from oracle_build.contracts import schemas
 from oracle_build.contracts.pins import Pin, load_pin
 from oracle_build.core import layout
-from oracle_build.core.errors import EXIT_IDENTITY, EXIT_OK
-from tests.conftest import CPU_PIN, REPO, TINY_SPEC, BuiltOracle
+from oracle_build.core.errors import EXIT_IDENTITY, EXIT_NOT_HERE, EXIT_OK
+from tests.conftest import CPU_PIN, REPO, TINY_SPEC, BuiltOracle, copy_tree_for_golden
 
 pytestmark = pytest.mark.slow
 OLD_PIN = REPO / "pins" / "cpu-0.31.toml"
@@ -104,3 +104,25 @@ def test_diff_of_the_two_pins_over_the_committed_goldens(
     after = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "goldens"],
                            capture_output=True, text=True).stdout
     assert after == before  # nothing under goldens/ written
+
+
+def test_golden_of_another_target_runs_here_only_when_asked(
+        cpu_oracle: BuiltOracle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A GB10 golden on this CPU-only host: not verifiable here (11); with --oracle and
+    --cross-target it runs on the CPU oracle, the target difference reported first (3)."""
+    folder = copy_tree_for_golden(tmp_path)
+    golden = json.loads((folder / "golden.json").read_text())
+    golden["oracle"]["target"] = "sm_121"
+    golden["spec"]["pin"] = "../../pins/vllm-555967922.toml"
+    (folder / "golden.json").write_text(json.dumps(golden))
+    home = str(cpu_oracle.home)
+    capsys.readouterr()
+    assert main(["verify", str(folder), "--home", home]) == EXIT_NOT_HERE
+    assert "--cross-target" in capsys.readouterr().out
+    code = main(["verify", str(folder), "--oracle", str(CPU_PIN), "--cross-target",
+                 "--home", home])
+    out = capsys.readouterr().out
+    assert code == EXIT_IDENTITY, out[-3000:]
+    assert "identity: ORACLE DIFFERS" in out and "target: golden sm_121, current cpu" in out
+    assert out.index("target: golden sm_121") < out.index("tokens:  [NOT ADJUDICABLE")
+    assert "ids                  =    24/24" in out  # the same model ran: tokens shown

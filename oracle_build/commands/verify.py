@@ -183,6 +183,7 @@ class Item:
     pin: Pin
     gate_reason: str
     verdict: GoldenVerdict | None = None
+    target_name: str = ""
     oracle: engine.Oracle | None = None
     model_path: Path | None = None
     args: dict[str, Any] = field(default_factory=dict)
@@ -271,9 +272,10 @@ def discover(paths: list[Path]) -> list[Path]:
 
 
 def verify(paths: list[Path], *, home: Path, oracles: engine.Oracles | None = None,
-           pin_override: Pin | None = None) -> VerifyReport:
+           pin_override: Pin | None = None, cross_target: bool = False) -> VerifyReport:
     """``pin_override``: run every golden on this pin's oracle instead of the golden's own
-    (identity then reports what differs)."""
+    (identity then reports what differs). ``cross_target``: run a golden recorded for
+    another target on this host's target (reported at identity level, not adjudicable)."""
     items: list[Item] = []
     verdicts: list[GoldenVerdict] = []
     for path in discover(paths):
@@ -285,13 +287,33 @@ def verify(paths: list[Path], *, home: Path, oracles: engine.Oracles | None = No
         records_complete(rec, path)
         reason = check_gate(golden, path)
         pin = pin_override or rec.pin(path, unpack_to=layout.pins_dir(home))
+        if cross_target:
+            # run it on this host's target of the pin (a GB10 golden on Thor, or on the CPU
+            # oracle); the target difference is reported at identity level
+            item = Item(path, rec, pin, reason,
+                        target_name=host.choose_target(pin, host.host(), None))
+            if item.target_name != rec.oracle.target:
+                item.oracle_differs.append(FieldDiff(
+                    field="target", golden=rec.oracle.target, current=item.target_name,
+                    cls="identity"))
+            variant = rec.oracle.identity.get("cpu_variant")
+            if variant and variant != host.host().cpu_variant:
+                item.oracle_differs.append(FieldDiff(
+                    field="cpu_variant", golden=variant, current=host.host().cpu_variant,
+                    cls="identity"))
+            items.append(item)
+            continue
+        if rec.oracle.target not in pin.model.targets:
+            raise BadInput(path, [("oracle.target", f"{rec.oracle.target!r} is not a target of "
+                                   f"pin {pin.path}")],
+                           hint="--cross-target runs it on this host's target of that pin")
         target = pin.target(rec.oracle.target)
         ok, why = host.fits(target, host.host())
         if not ok:
             verdicts.append(GoldenVerdict(
                 name=golden.name, path=str(path), status="not_verifiable_here",
-                why=f"target {rec.oracle.target}: {why}; its records are complete",
-                adjudicable=False))
+                why=f"target {rec.oracle.target}: {why}; its records are complete (run it "
+                "here anyway: --cross-target)", adjudicable=False))
             continue
         variant = rec.oracle.identity.get("cpu_variant")
         here = host.host().cpu_variant
@@ -304,11 +326,11 @@ def verify(paths: list[Path], *, home: Path, oracles: engine.Oracles | None = No
                 "(vLLM's CPU build loads other kernels here): not verifiable here, not drift; "
                 "its records are complete", adjudicable=False))
             continue
-        items.append(Item(path, rec, pin, reason))
+        items.append(Item(path, rec, pin, reason, target_name=rec.oracle.target))
     oracles = oracles or engine.Oracles(home)
     groups: dict[str, list[Item]] = {}
     for item in items:
-        oracle = oracles.get(item.pin, item.rec.oracle.target, require=False)
+        oracle = oracles.get(item.pin, item.target_name, require=False)
         if not oracle.identity.ok:
             item.verdict = GoldenVerdict(
                 name=item.rec.golden.name, path=str(item.path), status="oracle_mismatch",
@@ -317,7 +339,10 @@ def verify(paths: list[Path], *, home: Path, oracles: engine.Oracles | None = No
                           for f, e, g in oracle.identity.mismatches], adjudicable=False)
             continue
         ident = identity_diffs(item.rec, oracle)
-        if ident and pin_override is not None:
+        if item.oracle_differs:  # --cross-target: the target differs, and so may more
+            ident = ident + item.oracle_differs
+            item.oracle_differs = []
+        if ident and (pin_override is not None or cross_target):
             # asked for: run on another oracle; identity is still reported first, and the
             # tokens are shown for what moved, never judged against the golden's gate
             item.oracle_differs = ident + wheel_diff(item.rec, oracle)
@@ -330,6 +355,8 @@ def verify(paths: list[Path], *, home: Path, oracles: engine.Oracles | None = No
             continue
         item.model_path = engine.recorded_model(item.rec, item.path, home, oracle)
         item.args = dict(item.rec.engine.requested)
+        if item.target_name != item.rec.oracle.target:  # this target's defaults (KV bound)
+            item.args = engine.engine_args(item.args, oracle.target)
         item.oracle = oracle
         groups.setdefault(engine.config_key(oracle, item.model_path, item.args),
                           []).append(item)
