@@ -214,6 +214,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(report.model_dump_json(indent=2))
     else:
         print(render(report))
+    _ci_reports(report, args)
     if not args.goldens and only_other_variants(report) and DEFAULT_SPEC.is_dir():
         # The main job on a machine of another CPU kernel variant (AVX2 vs AVX-512 BF16 vs
         # AMX): the bundled goldens are not this host's numbers. End well, and prove what
@@ -227,11 +228,34 @@ def cmd_verify(args: argparse.Namespace) -> int:
         written = capture([DEFAULT_SPEC], home=home, out=captures_dir(home))
         own = verify(written, home=home)
         print(own.model_dump_json(indent=2) if args.json else render(own))
+        _ci_reports(own, args)
         if own.exit_code == EXIT_OK:
             print(f"this host's own capture verified ({written[0]}); the bundled goldens are "
                   "NOT VERIFIABLE HERE (another CPU kernel variant), not drift")
         return own.exit_code
     return report.exit_code
+
+
+def _ci_reports(report: object, args: argparse.Namespace) -> None:
+    """--junit-xml, --summary-md, and $GITHUB_STEP_SUMMARY (appended) when set."""
+    from oracle_build.contracts.reports import VerifyReport
+    from oracle_build.core.files import atomic_write_bytes
+    from oracle_build.report import junit_xml, summary_md
+
+    assert isinstance(report, VerifyReport)
+    if args.junit_xml:
+        atomic_write_bytes(Path(args.junit_xml), junit_xml(report))
+        say(f"junit xml: {args.junit_xml}")
+    if args.summary_md:
+        atomic_write_bytes(Path(args.summary_md), summary_md(report).encode())
+        say(f"summary: {args.summary_md}")
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        try:
+            with open(step_summary, "a", encoding="utf-8") as fh:
+                fh.write(summary_md(report))
+        except OSError as exc:
+            say(f"could not append to GITHUB_STEP_SUMMARY ({step_summary}): {exc}")
 
 
 def _host_variant() -> str | None:
@@ -557,6 +581,12 @@ def parser() -> argparse.ArgumentParser:
                    "Without it: the pin file the golden's spec names, or, when that file is "
                    "not there, the copy of its pin the golden carries, found in the home by "
                    "its hash (nothing is built)")
+    v.add_argument("--junit-xml", metavar="PATH",
+                   help="also write a JUnit XML report (one test case per golden prompt) for "
+                   "CI test reporters")
+    v.add_argument("--summary-md", metavar="PATH",
+                   help="also write a Markdown summary (identity, configuration, token table, "
+                   "gate); appended to $GITHUB_STEP_SUMMARY too when that is set")
     v.add_argument("--cross-target", action="store_true",
                    help="run goldens recorded for another target on this host's target of "
                    "their pin (or of --oracle's): the target difference is reported at "

@@ -74,3 +74,116 @@ def render(report: VerifyReport) -> str:
     lines.append("verify: " + ", ".join(f"{k} {n}" for k, n in sorted(counts.items()))
                  + f" (exit {report.exit_code})")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- for CI
+
+
+def junit_xml(report: VerifyReport) -> bytes:
+    """JUnit XML, as CI systems read it (Jenkins, GitLab, GitHub test reporters): one
+    <testsuite> per golden, one <testcase> per prompt (classname = golden, name = prompt).
+    A drifted prompt is a <failure> carrying the first divergence, tokens and margins; an
+    oracle or configuration difference is an <error> on every prompt of that golden (the
+    tokens are not adjudicable); a golden not verifiable here is <skipped>."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.Element("testsuites", name="oracle-build verify")
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for v in report.goldens:
+        suite = ET.SubElement(root, "testsuite", name=v.name)
+        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+        rows = v.tokens or [{"prompt": p, "tokens_equal": None} for p in _prompt_ids(v.path)]
+        for t in rows:
+            case = ET.SubElement(suite, "testcase", classname=v.name, name=str(t["prompt"]),
+                                 file=v.path)
+            counts["tests"] += 1
+            if v.status == "not_verifiable_here":
+                ET.SubElement(case, "skipped", message=v.why[:500])
+                counts["skipped"] += 1
+            elif v.status in ("oracle_mismatch", "config_difference", "config_unrecorded"):
+                diffs = v.identity + v.configuration
+                detail = "\n".join(f"{d.field}: golden {_fmt(d.golden)}, current "
+                                   f"{_fmt(d.current)}" for d in diffs)
+                err = ET.SubElement(case, "error", type=v.status,
+                                    message=f"{v.status.upper()}: {v.why}"[:500])
+                err.text = detail or "\n".join(v.notes)
+                counts["errors"] += 1
+            elif t.get("tokens_equal") is False:
+                message = (f"first divergence at position {t['index']}: golden token "
+                           f"{t['golden_token']}, new token {t['new_token']}; golden margin "
+                           f"{_m(t['golden_margin'])} nats, new margin {_m(t['new_margin'])}; "
+                           f"{t['kind']}")
+                kind = "failure" if v.status == "drift" else "system-out"
+                node = ET.SubElement(case, kind, **({"type": t["kind"], "message": message}
+                                                    if kind == "failure" else {}))
+                node.text = message
+                if kind == "failure":
+                    counts["failures"] += 1
+        for key, n in counts.items():
+            suite.set(key, str(n))
+            totals[key] += n
+    for key, n in totals.items():
+        root.set(key, str(n))
+    ET.indent(root)
+    out: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
+    return out + b"\n"
+
+
+def _prompt_ids(path: str) -> list[str]:
+    """A golden's prompt ids, for a report on a golden that was not run (its test cases
+    are still its prompts)."""
+    from pathlib import Path
+
+    from oracle_build.contracts.golden import load_golden
+    from oracle_build.core.errors import OracleBuildError
+
+    try:
+        return [p.id for p in load_golden(Path(path)).prompts]
+    except OracleBuildError:
+        return ["(golden)"]
+
+
+def summary_md(report: VerifyReport) -> str:
+    """Markdown for a CI job summary ($GITHUB_STEP_SUMMARY): per golden the identity line,
+    configuration differences, the token table and the gate."""
+    lines = [f"## oracle-build verify: exit {report.exit_code}", ""]
+    for v in report.goldens:
+        lines.append(f"### {v.name}: {v.status.upper().replace('_', ' ')}")
+        lines.append("")
+        if v.why:
+            lines.append(f"> {v.why}")
+            lines.append("")
+        if v.status == "not_verifiable_here":
+            continue
+        lines.append("**identity:** " + ("OK" if not v.identity else
+                                         ("ORACLE DIFFERS" if v.tokens else "ORACLE MISMATCH")))
+        for d in v.identity:
+            lines.append(f"- `{d.field}`: golden `{_fmt(d.golden)}`, current `{_fmt(d.current)}`")
+        lines.append("")
+        lines.append("**configuration:** " + ("same" if not v.configuration
+                                              else "CONFIGURATION DIFFERENCE"))
+        for d in v.configuration:
+            lines.append(f"- `{d.field}`: golden `{_fmt(d.golden)}`, now `{_fmt(d.current)}`")
+        lines.append("")
+        if v.tokens:
+            lines.append("| prompt | ids | match | first divergence | golden tok | new tok | "
+                         "golden margin | new margin | class |")
+            lines.append("|---|---|---|---|---|---|---|---|---|")
+            for t in v.tokens:
+                diverged = t["index"] is not None
+                lines.append(
+                    f"| {t['prompt']} | {'=' if t['prompt_ids_equal'] else 'DIFF'} | "
+                    f"{t['n_golden'] if t['tokens_equal'] else t['index']}/{t['n_golden']} | "
+                    f"{t['index'] if diverged else '-'} | "
+                    f"{t['golden_token'] if diverged else '-'} | "
+                    f"{t['new_token'] if diverged else '-'} | "
+                    f"{_m(t['golden_margin']) if diverged else '-'} | "
+                    f"{_m(t['new_margin']) if diverged else '-'} | {t['kind']} |")
+            lines.append("")
+            lines.append(v.summary)
+            lines.append("")
+        if v.gate:
+            lines.append(f"**gate:** {v.gate.kind} ({v.gate.reason}): "
+                         + {True: "PASS", False: "FAIL", None: "not judged"}[v.gate.passed])
+            lines.append("")
+    return "\n".join(lines) + "\n"

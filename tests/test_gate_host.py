@@ -9,19 +9,22 @@ import os
 import subprocess
 import sys
 import tomllib
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from packaging.utils import canonicalize_name
 
-from tests.conftest import CPU_PIN, REPO
+from tests.conftest import CPU_PIN, REPO, BuiltOracle, copy_tree_for_golden
 
 NOX = [sys.executable, "-m", "nox"]
 
 
-def nox(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+def nox(*args: str, timeout: float = 900, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*NOX, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "NO_COLOR": "1"})
+                          timeout=timeout, env={**os.environ, "NO_COLOR": "1", **env})
 
 
 def test_no_session_pins_an_interpreter() -> None:
@@ -92,3 +95,73 @@ def test_harness_dependencies_have_aarch64_wheels(tmp_path: Path, python: str) -
         url = item["download_info"]["url"]
         assert url.endswith(".whl"), url
         assert "x86_64" not in url, url
+
+
+@pytest.mark.slow
+def test_verify_exit_codes_through_nox(cpu_oracle: BuiltOracle, tmp_path: Path) -> None:
+    """0 pass, 1 drift, 2 bad input, 3 identity, 4 configuration: what `nox -s verify`
+    itself exits with, as a CI job sees it (real engine for 0, 1 and 4)."""
+    folder = copy_tree_for_golden(tmp_path)
+    original = json.loads((folder / "golden.json").read_text())
+
+    junit, summary, step = tmp_path / "junit.xml", tmp_path / "summary.md", tmp_path / "step.md"
+    step.write_text("# earlier steps\n")
+
+    def run_with(edit: Callable[[dict[str, Any]], None] | None, raw: str | None = None
+                 ) -> subprocess.CompletedProcess[str]:
+        data = json.loads(json.dumps(original))
+        if edit is not None:
+            edit(data)
+        (folder / "golden.json").write_text(raw if raw is not None else json.dumps(data))
+        return nox("-s", "verify", "--", str(folder), "--home", str(cpu_oracle.home),
+                   "--junit-xml", str(junit), "--summary-md", str(summary),
+                   GITHUB_STEP_SUMMARY=str(step))
+
+    def drift(d: dict[str, Any]) -> None:  # the golden says another token at position 5
+        other = (d["prompts"][0]["token_ids"][5] + 1) % 300
+        d["prompts"][0]["token_ids"][5] = other
+        for leg in d["legs"]["tokens"]:
+            leg[0][5] = other
+
+    def identity(d: dict[str, Any]) -> None:
+        d["oracle"]["identity"]["vllm"] = "0.31.0"
+
+    def configuration(d: dict[str, Any]) -> None:
+        d["engine"]["requested"]["max_num_seqs"] = 8  # re-run as recorded: resolves 8, not 4
+
+    cases = [(None, None, 0, "=> PASS"), (drift, None, 1, "=> DRIFT"),
+             (None, "{not json", 2, "bad input"), (identity, None, 3, "ORACLE MISMATCH"),
+             (configuration, None, 4, "CONFIGURATION DIFFERENCE")]
+    for edit, raw, code, text in cases:
+        junit.unlink(missing_ok=True)
+        done = run_with(edit, raw)
+        assert done.returncode == code, (code, done.stdout[-2000:], done.stderr[-2000:])
+        assert text in done.stdout + done.stderr, (code, done.stdout[-2000:])
+        if code == 2:
+            assert not junit.exists()  # bad input: no report at all, not a half one
+            continue
+        suites = ET.parse(junit).getroot()
+        assert suites.tag == "testsuites" and suites.get("tests") == "3"
+        cases_ = suites.findall("testsuite/testcase")
+        assert [c.get("name") for c in cases_] == ["capital", "fibonacci", "ids"]
+        assert {c.get("classname") for c in cases_} == {"tiny-llama-greedy"}
+        failures = suites.findall("testsuite/testcase/failure")
+        errors = suites.findall("testsuite/testcase/error")
+        assert suites.get("failures") == str(len(failures))
+        assert suites.get("errors") == str(len(errors))
+        if code == 0:
+            assert not failures and not errors
+            assert "**gate:** strict (strict token-exact): PASS" in summary.read_text()
+        elif code == 1:
+            (failure,) = failures
+            assert failure.get("message", "").startswith("first divergence at position 5: ")
+            assert "golden margin" in failure.get("message", "")
+            assert "| capital | = | 5/24 | 5 |" in summary.read_text()
+            assert "FAIL" in summary.read_text()
+        else:  # identity or configuration: every prompt an error, not a failure
+            assert len(errors) == 3 and not failures
+            kind = "oracle_mismatch" if code == 3 else "config_difference"
+            assert {e.get("type") for e in errors} == {kind}
+    # each run appended its summary to the step summary, after what was there
+    text = step.read_text()
+    assert text.startswith("# earlier steps\n") and text.count("## oracle-build verify") == 4
