@@ -24,8 +24,8 @@ from oracle_build.core.errors import (
 from oracle_build.core.log import say
 
 EXIT_CODES_HELP = """exit codes:
-  0  success (ORACLE_IDENTITY_OK / verify passed)
-  1  token drift (verify)
+  0  success (ORACLE_IDENTITY_OK / verify passed / ORACLE_NUMERICS_OK or a set captured)
+  1  token drift (verify); ORACLE_NUMERICS_DRIFT (tokens or top-k logprobs)
   2  bad input: a pin, spec, golden or candidate file is invalid (file and field named)
   3  oracle identity mismatch (ORACLE_IDENTITY_OK is never printed then)
   4  configuration difference (verify)
@@ -35,7 +35,7 @@ EXIT_CODES_HELP = """exit codes:
   8  refused: would overwrite a golden, lock held with --no-wait, legs disagree
   9  source: shallow clone, dirty tree, wrong commit, unsafe git transport
   10 a pin value the step needs is recorded as unestablished
-  11 verify: a golden's target is not this host (its records are still checked)
+  11 verify: a golden's target or CPU kernel variant is not this host's (records still checked)
   12 the vLLM engine failed to start or to generate (log tail and path shown)
   13 the model's files are not the ones the spec or golden pins (sha256)
   130 interrupted
@@ -45,7 +45,9 @@ PINS_DIR = Path("pins")
 
 
 def _find_default_pin() -> Path:
-    """The pin under ./pins that has a target for this host (GPU pins first)."""
+    """The pin under ./pins (not its subfolders: pins/previous holds older pins kept for
+    `diff`) that has a target for this host, GPU pins first. Two that fit equally well are
+    an error, never a silent alphabetical choice."""
     from oracle_build import host
     from oracle_build.contracts.pins import load_pin
 
@@ -67,6 +69,12 @@ def _find_default_pin() -> Path:
         raise PreflightFailed(f"no pin under {PINS_DIR}/ has a target for this host",
                               hint="pass --pin FILE")
     candidates.sort()
+    best = [path for rank, path in candidates if rank == candidates[0][0]]
+    if len(best) > 1:
+        raise PreflightFailed(f"several pins under {PINS_DIR}/ fit this host: "
+                              f"{', '.join(str(p) for p in best)}",
+                              hint="pass --pin FILE (or set ORACLE_BUILD_PIN), or move the "
+                              "pins not meant as a default into a subfolder (pins/previous/)")
     return candidates[0][1]
 
 
@@ -574,7 +582,7 @@ def parser() -> argparse.ArgumentParser:
         "modifies a golden.", epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("goldens", nargs="*", help="golden folders or golden.json files")
-    v.add_argument("--oracle", metavar="PIN",
+    v.add_argument("--oracle", "--pin", metavar="PIN", dest="oracle",
                    help="run the goldens on this pin's built oracle instead of their own: "
                    "identity differences first (ORACLE DIFFERS, package by package), then the "
                    "configuration and the tokens and margins, not adjudicable; exit 3. "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -178,3 +179,21 @@ def test_contracts_import_no_engine_or_build_code() -> None:
     loaded = eval(out)  # a printed list of module names
     assert loaded and all(m.startswith(("oracle_build.contracts", "oracle_build.core"))
                           or m == "oracle_build" for m in loaded), loaded
+
+
+def test_two_pins_fitting_this_host_equally_are_an_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The default pin is never an alphabetical accident: a second CPU pin beside pins/cpu.toml
+    stops the default choice (exit 6) naming both; a pin under pins/previous/ is not a
+    candidate."""
+    shutil.copytree(REPO / "pins", tmp_path / "pins")
+    monkeypatch.chdir(tmp_path)
+    assert main(["build", "--dry-run", "--json"]) == 0  # previous/cpu-0.31 is not considered
+    capsys.readouterr()
+    for name in ("cpu-0.31.toml", "cpu-0.31.lock.txt"):
+        shutil.copy2(tmp_path / "pins" / "previous" / name, tmp_path / "pins" / name)
+    assert main(["build", "--dry-run", "--json"]) == 6
+    err = capsys.readouterr().err
+    assert "several pins under pins/ fit this host" in err
+    assert "pins/cpu.toml" in err and "pins/cpu-0.31.toml" in err

@@ -22,7 +22,7 @@ from oracle_build.core.errors import EXIT_IDENTITY, EXIT_NOT_HERE, EXIT_OK
 from tests.conftest import CPU_PIN, REPO, TINY_SPEC, BuiltOracle, copy_tree_for_golden
 
 pytestmark = pytest.mark.slow
-OLD_PIN = REPO / "pins" / "cpu-0.31.toml"
+OLD_PIN = REPO / "pins" / "previous" / "cpu-0.31.toml"
 
 
 @pytest.fixture(scope="session")
