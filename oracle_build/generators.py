@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from oracle_build import tinymodel
-from oracle_build.core.errors import EngineFailed, ModelMismatch
-from oracle_build.core.files import atomic_write_bytes, load_json, sha256_file
+from oracle_build.core.errors import BadInput, EngineFailed, ModelMismatch
+from oracle_build.core.files import atomic_write_bytes, load_json
 from oracle_build.core.log import say
 from oracle_build.oracle_venv import OracleVenv
 
@@ -176,6 +176,24 @@ def _layout_cache(home: Path, family: Family, transformers: str) -> Path:
     return home / "models" / ".layouts" / transformers / f"{family.generator}-{key}.json"
 
 
+def _cached_layout(path: Path) -> dict[str, Any] | None:
+    """A cached layout, or None when there is none or it is not whole (read again)."""
+    if not path.exists():
+        return None
+    try:
+        data = load_json(path)
+    except BadInput as exc:
+        say(f"    ignoring a damaged layout cache ({exc.problems[0][1]}): {path}")
+        return None
+    tensors = data.get("tensors") if isinstance(data, dict) else None
+    if not isinstance(tensors, dict) or not all(
+            isinstance(s, list) and all(isinstance(d, int) and d > 0 for d in s)
+            for s in tensors.values()):
+        say(f"    ignoring a damaged layout cache (no tensors table): {path}")
+        return None
+    return dict(data)
+
+
 def layouts(families: list[Family], venv: OracleVenv, transformers: str,
             home: Path) -> dict[str, dict[str, Any]]:
     """Each family's checkpoint layout as the oracle's transformers defines it, cached per
@@ -183,9 +201,9 @@ def layouts(families: list[Family], venv: OracleVenv, transformers: str,
     out: dict[str, dict[str, Any]] = {}
     missing = []
     for family in families:
-        cache = _layout_cache(home, family, transformers)
-        if cache.exists():
-            out[family.generator] = load_json(cache)
+        cached = _cached_layout(_layout_cache(home, family, transformers))
+        if cached is not None:
+            out[family.generator] = cached
         else:
             missing.append(family)
     if missing:
@@ -228,22 +246,4 @@ def generate(name: str, dest: Path, *, home: Path, venv: OracleVenv | None = Non
         raise ModelMismatch(f"generator {name} reads its layout from an oracle's "
                             "transformers; no oracle was given")
     layout = layouts([family], venv, transformers, home)[family.generator]
-    return write_files(dest, family_files(family, layout["tensors"]))
-
-
-def write_files(dest: Path, files: dict[str, bytes]) -> dict[str, str]:
-    dest.mkdir(parents=True, exist_ok=True)
-    out = {}
-    for fname, data in files.items():
-        digest = hashlib.sha256(data).hexdigest()
-        path = dest / fname
-        if not path.exists() or sha256_file(path) != digest:
-            atomic_write_bytes(path, data)
-        out[fname] = digest
-    return out
-
-
-def describe() -> list[dict[str, str]]:
-    """The battery's families, for --help and the README."""
-    return [{"golden": f.golden, "generator": f.generator, "architecture": f.architecture,
-             "dtype": f.dtype, "exercises": f.exercises} for f in FAMILIES]
+    return tinymodel.write_files(dest, family_files(family, layout["tensors"]))

@@ -196,13 +196,20 @@ def files() -> dict[str, bytes]:
     }
 
 
-def generate(dest: Path) -> dict[str, str]:
-    """Write the model into ``dest`` (atomically per file); return {file: sha256}."""
+def write_files(dest: Path, contents: dict[str, bytes]) -> dict[str, str]:
+    """Write generated files into ``dest``, each atomically and only when its bytes differ;
+    return {file: sha256}."""
     dest.mkdir(parents=True, exist_ok=True)
     out = {}
-    for name, data in files().items():
+    for name, data in contents.items():
+        digest = hashlib.sha256(data).hexdigest()
         path = dest / name
-        if not path.exists() or sha256_file(path) != hashlib.sha256(data).hexdigest():
+        if not path.exists() or sha256_file(path) != digest:
             atomic_write_bytes(path, data)
-        out[name] = hashlib.sha256(data).hexdigest()
+        out[name] = digest
     return out
+
+
+def generate(dest: Path) -> dict[str, str]:
+    """Write the model into ``dest``; return {file: sha256}."""
+    return write_files(dest, files())

@@ -98,6 +98,14 @@ def test_generators_are_byte_identical_across_two_generations(cpu_oracle: BuiltO
                                                venv=venv, transformers=transformers)
                      for name in generators.NAMES})
     assert runs[0] == runs[1]
+    # a damaged layout cache is read again from transformers, never trusted
+    (cache,) = (tmp_path / "home1" / "models" / ".layouts" / transformers).glob(
+        "tiny-qwen3-moe-v1-*.json")
+    cache.write_text('{"class": "Qwen3MoeForCausalLM", "tensors": {"x": [0]}}')
+    again = generators.generate("tiny-qwen3-moe-v1", tmp_path / "gen3", home=tmp_path / "home1",
+                                venv=venv, transformers=transformers)
+    assert again == runs[0]["tiny-qwen3-moe-v1"]
+    assert json.loads(cache.read_text())["tensors"][MOE_EXPERT] == [128, 64]
     for spec_path in (BATTERY / "specs").glob("*.toml"):
         spec = load_spec(spec_path)
         assert spec.model.generate is not None

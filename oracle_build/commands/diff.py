@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from oracle_build import engine, host, judge
-from oracle_build.commands.verify import config_diffs, discover, logprobs_difference
-from oracle_build.contracts.golden import PromptRecord, load_golden, recorded
+from oracle_build.commands.verify import config_diffs, discover
+from oracle_build.contracts.golden import load_golden, recorded
 from oracle_build.contracts.pins import Pin
 from oracle_build.contracts.reports import (
     DIFF_REPORT_SCHEMA,
@@ -92,15 +92,11 @@ def diff(pin_a: Pin, pin_b: Pin, paths: list[Path], *, home: Path,
                                         y["prompt_token_ids"], y["token_ids"], y["topk"], band)
                    for p, x, y in zip(golden.prompts, run_a["legs"][0], run_b["legs"][0],
                                       strict=True)]
-        # A's run stands in for the golden when asking whether B's logprobs are A's
-        as_golden = golden.model_copy(update={"prompts": [
-            PromptRecord(id=p.id, text=p.text, prompt_token_ids=x["prompt_token_ids"],
-                         token_ids=x["token_ids"], output_text=x["text"],
-                         finish_reason=x["finish_reason"],
-                         topk=[[(t, lp) for t, lp in pos[: rec.logprobs + 1]]
-                               for pos in x["topk"]])
-            for p, x in zip(golden.prompts, run_a["legs"][0], strict=True)]})
-        difference = logprobs_difference(as_golden, run_b["legs"][0], rec.logprobs)
+        # A is the reference: its rows cut as capture records them (top-k + sampled token)
+        difference = judge.first_topk_difference(
+            [(p.id, [(pos or [])[: rec.logprobs + 1] for pos in x["topk"]])
+             for p, x in zip(golden.prompts, run_a["legs"][0], strict=True)],
+            [y["topk"] for y in run_b["legs"][0]], rec.logprobs)
         numerics, context = config_diffs(
             _recorded_as(rec, ra, run_a),
             {"engine": rb.engine_record(), "environment": rb.environment,

@@ -199,28 +199,6 @@ def token_results(golden: Golden, leg: list[dict[str, Any]], band: float) -> lis
             for p, out in zip(golden.prompts, leg, strict=True)]
 
 
-def logprobs_difference(golden: Golden, leg: list[dict[str, Any]],
-                        k: int) -> dict[str, Any] | None:
-    """The first position whose recorded top-k (token ids and logprobs, bit for bit)
-    differs from the re-run's; None when every one is identical."""
-    keep = k + 1  # what capture records: top-k and the sampled token
-    for p, out in zip(golden.prompts, leg, strict=True):
-        new = out.get("topk") or []
-        old = p.topk or []
-        for pos in range(max(len(old), len(new))):
-            old_row = [(int(t), float(lp)) for t, lp in old[pos]] if pos < len(old) else []
-            new_row = [(int(t), float(lp)) for t, lp in (new[pos] or [])[:keep]] \
-                if pos < len(new) else []
-            if old_row != new_row:
-                common = {t: lp for t, lp in old_row}
-                deltas = [abs(lp - common[t]) for t, lp in new_row if t in common]
-                return {"prompt": p.id, "position": pos,
-                        "golden": old_row[:3], "current": new_row[:3],
-                        "max_abs_delta": max(deltas) if deltas else None,
-                        "same_tokens": [t for t, _ in old_row] == [t for t, _ in new_row]}
-    return None
-
-
 def verdict(item: Item, result: engine.EngineResult, run: dict[str, Any]) -> GoldenVerdict:
     g = item.rec.golden
     new = {"engine": result.engine_record(), "environment": result.environment,
@@ -230,7 +208,9 @@ def verdict(item: Item, result: engine.EngineResult, run: dict[str, Any]) -> Gol
     numerics, context = config_diffs(item.rec, new)
     band = g.gate.band_nats
     results = token_results(g, run["legs"][0], band)
-    difference = logprobs_difference(g, run["legs"][0], item.rec.logprobs)
+    difference = judge.first_topk_difference(
+        [(p.id, p.topk) for p in g.prompts], [out["topk"] for out in run["legs"][0]],
+        item.rec.logprobs)
     summary = judge.summarize(results)
     passed = judge.gate_passes(g.gate.kind, results)
     gate = GateVerdict(kind=g.gate.kind, admissible=True, reason=item.gate_reason,
