@@ -25,9 +25,11 @@ from oracle_build.contracts.golden import (
 )
 from oracle_build.contracts.pins import Pin, Target
 from oracle_build.contracts.spec import ModelSpec, SamplingSpec, Spec
+from oracle_build.contracts.topk import TopKTable
 from oracle_build.core import layout
 from oracle_build.core.env import RECORDED_PREFIXES
 from oracle_build.core.errors import (
+    BadInput,
     EngineFailed,
     IdentityMismatch,
     ModelMismatch,
@@ -305,8 +307,31 @@ class EngineSession:
             raise EngineFailed(f"the driver exited with {answer.result.returncode} and wrote "
                                f"no result; log: {log}\n" + _tail(log))
         raw = dict(answer.data)
+        attach_topk(raw, answer.arrays, log)
         raw["log_backends"] = sorted(set(BACKEND_LOG.findall(log.read_text(errors="replace"))))
         return EngineResult(raw, self.args, log)
+
+
+def attach_topk(raw: dict[str, Any], arrays: dict[str, Any] | None, where: Path) -> None:
+    """Put each leg's top-k table (the driver saves them as arrays) back on its outputs:
+    ``out["topk"]`` reads as the rows it always held; ``leg_tables`` keeps the tables."""
+    if not raw.get("ok"):
+        return
+    if arrays is None:
+        raise EngineFailed(f"the driver reported success but saved no top-k arrays; log: {where}")
+    for r, run in enumerate(raw["runs"]):
+        run["leg_tables"] = []
+        for leg_no, leg in enumerate(run["legs"]):
+            try:
+                table = TopKTable.from_arrays(arrays, where, f"r{r}_l{leg_no}_")
+            except BadInput as exc:
+                raise EngineFailed(f"the driver's top-k arrays are malformed: {exc}") from None
+            if table.prompts != len(leg):
+                raise EngineFailed(f"the driver's top-k arrays r{r}_l{leg_no} hold "
+                                   f"{table.prompts} prompts for {len(leg)} outputs")
+            for i, out in enumerate(leg):
+                out["topk"] = table.rows(i)
+            run["leg_tables"].append(table)
 
 
 def memory_preflight(target: Target) -> int | None:

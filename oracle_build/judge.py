@@ -12,6 +12,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+
+from oracle_build.contracts.topk import TopKTable, first_difference
+
 TopK = Sequence[Sequence[Any]]  # [[token_id, logprob], ...] best first
 Kind = Literal["match", "exact_tie", "near_tie", "real"]
 DEFAULT_BAND_NATS = 0.5
@@ -223,24 +227,13 @@ def classify_setting(key: str, tightened: dict[str, str] | None = None) -> str:
     return classes.get(top, "numerics")
 
 
-def first_topk_difference(reference: Sequence[tuple[str, Sequence[TopK | None] | None]],
-                          new: Sequence[Sequence[TopK | None] | None],
-                          k: int) -> dict[str, Any] | None:
+def first_topk_difference(ids: Sequence[str], reference: TopKTable | None,
+                          new: TopKTable | None, k: int) -> dict[str, Any] | None:
     """The first (prompt, position) whose top-k rows (token ids and logprobs, bit for bit)
-    differ between ``reference`` ((prompt id, rows) per prompt, as recorded: top-k plus the
-    sampled token) and ``new`` (the re-run's rows, cut to the same k + 1); None when every
-    one is identical."""
-    keep = k + 1
-    for (pid, old), rows in zip(reference, new, strict=True):
-        old, rows = old or [], rows or []
-        for pos in range(max(len(old), len(rows))):
-            a = [(int(t), float(lp)) for t, lp in (old[pos] or [])] if pos < len(old) else []
-            b = [(int(t), float(lp)) for t, lp in (rows[pos] or [])[:keep]] \
-                if pos < len(rows) else []
-            if a != b:
-                common = dict(a)
-                deltas = [abs(lp - common[t]) for t, lp in b if t in common]
-                return {"prompt": pid, "position": pos, "golden": a[:3], "current": b[:3],
-                        "max_abs_delta": max(deltas) if deltas else None,
-                        "same_tokens": [t for t, _ in a] == [t for t, _ in b]}
-    return None
+    differ between ``reference`` (as recorded: top-k plus the sampled token) and ``new`` (the
+    re-run's rows, cut to the same k + 1); None when every one is identical. A missing table
+    is a table of empty rows."""
+    empty = TopKTable(np.zeros(len(ids), dtype=np.int64), np.zeros(0, dtype=np.uint16),
+                      np.zeros((0, 1), dtype=np.int32), np.zeros((0, 1), dtype=np.float32))
+    return first_difference(ids, reference if reference is not None else empty,
+                            new.cut(k + 1) if new is not None else empty)

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from packaging.utils import canonicalize_name
 from uv import find_uv_bin
 
 from oracle_build.core import env as envmod
 from oracle_build.core import layout, proc
-from oracle_build.core.errors import OracleMissing
+from oracle_build.core.errors import BadInput, OracleMissing
 
 INSIDE = Path(__file__).parent / "inside"
 
@@ -36,6 +37,8 @@ class Answer:
 
     data: dict[str, Any] | None
     result: proc.Result
+    # arrays the script saved beside its answer (``arrays_file``: a plain .npz name)
+    arrays: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,8 @@ class OracleVenv:
                               capture=log is None, check=False, echo=echo, what=what,
                               timeout=timeout)
             data = json.loads(out.read_text()) if out.exists() else None
-        return Answer(data, result)
+            arrays = _arrays(Path(neutral), data)
+        return Answer(data, result, arrays)
 
     def locate(self) -> tuple[str | None, str | None]:
         """Where this python says its prefix is and where vllm resolves, without importing
@@ -132,3 +136,17 @@ class OracleVenv:
 
 def real(path: Path) -> str:
     return os.path.realpath(path)
+
+
+def _arrays(folder: Path, data: Any) -> dict[str, Any] | None:
+    name = data.get("arrays_file") if isinstance(data, dict) else None
+    if name is None:
+        return None
+    path = folder / str(name)
+    if "/" in str(name) or str(name).startswith(".") or not path.is_file():
+        raise BadInput(path, [("arrays_file", "not a plain file name the script wrote")])
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {key: z[key] for key in z.files}
+    except (OSError, ValueError) as exc:
+        raise BadInput(path, [("<file>", f"not a readable .npz: {exc}")]) from None

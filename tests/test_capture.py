@@ -114,9 +114,13 @@ def test_golden_carries_everything(captured: Captured) -> None:
     assert golden.legs.count == 2 and golden.legs.agree and not golden.nondeterministic
     assert golden.legs.tokens[0] == golden.legs.tokens[1]
     # per prompt: k entries per position, sorted, the greedy choice first
-    for p in golden.prompts:
-        assert len(p.token_ids) == 24 and len(p.topk) == 24
-        for tok, pos in zip(p.token_ids, p.topk, strict=True):
+    # format 2: the rows live in the sidecar beside golden.json, none inline
+    assert golden.golden_schema == 2 and golden.topk is not None
+    assert all(p.topk is None for p in golden.prompts)
+    for i, p in enumerate(golden.prompts):
+        rows = golden.prompt_topk(i)
+        assert rows is not None and len(p.token_ids) == 24 and len(rows) == 24
+        for tok, pos in zip(p.token_ids, rows, strict=True):
             assert len(pos) >= 20
             assert pos[0][0] == tok
             lps = [lp for _t, lp in pos]

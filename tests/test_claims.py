@@ -164,7 +164,7 @@ def test_export_from_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert capsys.readouterr().out.strip() == str(dest)
     assert sorted(p.name for p in dest.iterdir()) == [
         "greedy_dist.npy", "greedy_ids.npy", "oracle.json", "p0_prompt.i32", "p1_prompt.i32",
-        "p2_prompt.i32"]
+        "p2_prompt.i32", "topk_ids.npy", "topk_logprobs.npy"]
     oracle = json.loads((dest / "oracle.json").read_text())
     assert oracle["capture"]["engine_config_recorded"] is True
     assert main(["export", "--format", "vllm.cpp", str(TINY_SPEC), str(dest)]) == 8

@@ -29,6 +29,13 @@ def test_golden_copied_outside_the_project_verifies(captured: Captured, tmp_path
     elsewhere = tmp_path / "their-repo" / "tests" / "goldens" / "tiny"
     elsewhere.mkdir(parents=True)
     shutil.copy2(captured.golden_path, elsewhere / "golden.json")
+    # golden.json alone is half a format-2 golden: bad input naming the missing sidecar
+    capsys.readouterr()
+    assert main(["verify", str(elsewhere), "--home", str(captured.oracle.home)]) == \
+        EXIT_BAD_INPUT
+    assert "topk.file" in capsys.readouterr().err
+    (sidecar,) = captured.golden_path.parent.glob("topk.*.safetensors")
+    shutil.copy2(sidecar, elsewhere / sidecar.name)
     assert not (elsewhere / json.loads((elsewhere / "golden.json").read_text())["spec"]["pin"]
                 ).exists()  # the pin the spec names is not there
     home = str(captured.oracle.home)

@@ -15,6 +15,7 @@ def compare_candidate(golden: Golden, cand: Candidate, path: Path) -> list[judge
     results = []
     for i, cp in pair(golden, cand, path):
         g = golden.prompts[i]
-        results.append(judge.compare_prompt(g.id, g.prompt_token_ids, g.token_ids, g.topk,
+        results.append(judge.compare_prompt(g.id, g.prompt_token_ids, g.token_ids,
+                                            golden.prompt_topk(i),
                                             cp.prompt_token_ids, cp.token_ids, cp.topk, band))
     return results

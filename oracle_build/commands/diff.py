@@ -94,9 +94,8 @@ def diff(pin_a: Pin, pin_b: Pin, paths: list[Path], *, home: Path,
                                       strict=True)]
         # A is the reference: its rows cut as capture records them (top-k + sampled token)
         difference = judge.first_topk_difference(
-            [(p.id, [(pos or [])[: rec.logprobs + 1] for pos in x["topk"]])
-             for p, x in zip(golden.prompts, run_a["legs"][0], strict=True)],
-            [y["topk"] for y in run_b["legs"][0]], rec.logprobs)
+            [p.id for p in golden.prompts], run_a["leg_tables"][0].cut(rec.logprobs + 1),
+            run_b["leg_tables"][0], rec.logprobs)
         numerics, context = config_diffs(
             _recorded_as(rec, ra, run_a),
             {"engine": rb.engine_record(), "environment": rb.environment,

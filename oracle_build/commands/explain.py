@@ -237,7 +237,8 @@ class _State:
         base = self.results.get("base")
         band = self.golden.gate.band_nats
         for i, (p, out) in enumerate(zip(self.golden.prompts, legs[0], strict=True)):
-            r = judge.compare_prompt(p.id, p.prompt_token_ids, p.token_ids, p.topk,
+            r = judge.compare_prompt(p.id, p.prompt_token_ids, p.token_ids,
+                                       self.golden.prompt_topk(i),
                                        out["prompt_token_ids"], out["token_ids"], out["topk"],
                                        band)
             changed = None

@@ -110,9 +110,15 @@ def fingerprint(goldens: list[Path]) -> str:
     data = []
     for path in sorted(goldens, key=lambda p: p.parent.name):
         golden = load_golden(path)
-        data.append([golden.name, [[p.id, p.token_ids, p.topk] for p in golden.prompts]])
+        data.append([golden.name, [[p.id, p.token_ids, _rows(golden.prompt_topk(i))]
+                                   for i, p in enumerate(golden.prompts)]])
     raw = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
     return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def _rows(rows: Any) -> list[list[Any]] | None:
+    """Rows as JSON lists, whether held inline (format 1) or in a sidecar (format 2)."""
+    return None if rows is None else [[[int(t), float(lp)] for t, lp in row] for row in rows]
 
 
 def drift_lines(v: GoldenVerdict) -> list[str]:

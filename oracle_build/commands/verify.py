@@ -193,10 +193,9 @@ class Item:
 
 def token_results(golden: Golden, leg: list[dict[str, Any]], band: float) -> list[
         judge.TokenResult]:
-    return [judge.compare_prompt(p.id, p.prompt_token_ids, p.token_ids, p.topk,
-                                   out["prompt_token_ids"], out["token_ids"], out["topk"],
-                                   band)
-            for p, out in zip(golden.prompts, leg, strict=True)]
+    return [judge.compare_prompt(p.id, p.prompt_token_ids, p.token_ids, golden.prompt_topk(i),
+                                 out["prompt_token_ids"], out["token_ids"], out["topk"], band)
+            for i, (p, out) in enumerate(zip(golden.prompts, leg, strict=True))]
 
 
 def verdict(item: Item, result: engine.EngineResult, run: dict[str, Any]) -> GoldenVerdict:
@@ -209,8 +208,7 @@ def verdict(item: Item, result: engine.EngineResult, run: dict[str, Any]) -> Gol
     band = g.gate.band_nats
     results = token_results(g, run["legs"][0], band)
     difference = judge.first_topk_difference(
-        [(p.id, p.topk) for p in g.prompts], [out["topk"] for out in run["legs"][0]],
-        item.rec.logprobs)
+        [p.id for p in g.prompts], g.topk_table(), run["leg_tables"][0], item.rec.logprobs)
     summary = judge.summarize(results)
     passed = judge.gate_passes(g.gate.kind, results)
     gate = GateVerdict(kind=g.gate.kind, admissible=True, reason=item.gate_reason,
@@ -378,8 +376,9 @@ def offline_verdict(golden: Golden, path: Path) -> GoldenVerdict:
         gaps = cand.get("neartie_gap_mnats")
         for n, p in enumerate(golden.prompts):
             new = cand["token_ids"][n]
-            r = judge.compare_prompt(p.id, p.prompt_token_ids, p.token_ids, p.topk,
-                                       p.prompt_token_ids, new, None, golden.gate.band_nats)
+            r = judge.compare_prompt(p.id, p.prompt_token_ids, p.token_ids,
+                                     golden.prompt_topk(n), p.prompt_token_ids, new, None,
+                                     golden.gate.band_nats)
             if r.index is not None and gaps is not None and r.index < len(gaps[n]):
                 margin = judge.from_mnats(gaps[n][r.index])
                 r = judge.TokenResult(**{**r.as_dict(), "golden_margin": margin,
@@ -391,7 +390,8 @@ def offline_verdict(golden: Golden, path: Path) -> GoldenVerdict:
         for n, p in enumerate(golden.prompts):
             last = golden.legs.tokens[-1][n]
             results.append(judge.compare_prompt(p.id, p.prompt_token_ids, p.token_ids,
-                                                  p.topk, p.prompt_token_ids, last, None,
+                                                  golden.prompt_topk(n), p.prompt_token_ids,
+                                                  last, None,
                                                   golden.gate.band_nats))
         notes.append(f"tokens: the oracle's last run (of {golden.legs.count}) against run 0")
     else:

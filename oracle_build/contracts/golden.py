@@ -11,11 +11,13 @@ overwritten: a replaced golden is kept under replaced/.
 from __future__ import annotations
 
 import itertools
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from oracle_build.contracts.base import (
     Logprob,
@@ -27,8 +29,15 @@ from oracle_build.contracts.base import (
 )
 from oracle_build.contracts.pins import Pin, load_pin
 from oracle_build.contracts.spec import Classification, EngineValue, GateSpec
+from oracle_build.contracts.topk import TopKTable
 from oracle_build.core.errors import BadInput, OutputFailed, Refused
-from oracle_build.core.files import atomic_write_bytes, dumps_json, load_json, validate
+from oracle_build.core.files import (
+    atomic_write_bytes,
+    dumps_json,
+    load_json,
+    sha256_bytes,
+    validate,
+)
 from oracle_build.core.layout import stamp
 
 # The configuration a golden must carry as resolved by the engine (BRIEF section 5; also
@@ -39,7 +48,9 @@ RESOLVED_KEYS = (
     "enforce_eager", "gpu_memory_utilization", "kv_cache_dtype", "max_model_len",
     "max_num_batched_tokens", "max_num_seqs", "moe_backend", "num_gpu_blocks",
     "num_gpu_blocks_override", "quantization", "seed", "tensor_parallel_size")
-GOLDEN_SCHEMA = 1
+# 1: top-k rows inline in golden.json; 2: in a safetensors sidecar (``topk``). Both read.
+GOLDEN_SCHEMA = 2
+TOPK_FILE = r"^topk\.[0-9a-f]{16}\.safetensors$"
 
 
 class Unreadable(Strict):
@@ -116,6 +127,18 @@ class PromptRecord(Strict):
             if any(a < b for a, b in itertools.pairwise(lps)):
                 raise ValueError(f"topk[{pos}] is not sorted best first")
         return self
+
+
+class TopKFile(Strict):
+    """Golden format 2: every prompt's top-k rows in one safetensors file beside golden.json
+    (oracle_build/topk.py says what it holds). Its name carries its hash, so a re-baseline
+    never overwrites the file an older golden names."""
+
+    file: str = Field(pattern=TOPK_FILE)
+    sha256: Sha256
+    bytes: int = Field(ge=8)
+    rows: int = Field(ge=0)
+    width: int = Field(ge=1)
 
 
 class EmbeddedPin(Strict):
@@ -203,6 +226,23 @@ class Golden(Strict):
     # field -> why it was not recorded (an imported golden carries its source's reasons)
     unrecorded: dict[str, str] = Field(default_factory=dict)
     replaces: ReplacedRecord | None = None
+    # format 2: the top-k rows of every prompt, in a sidecar (prompts[].topk then null)
+    topk: TopKFile | None = None
+    _table: TopKTable | None = PrivateAttr(default=None)
+
+    def topk_table(self) -> TopKTable | None:
+        """Every prompt's top-k rows as one table (the sidecar's, or built from the inline
+        rows); None when the golden records none."""
+        if self._table is None and self.prompts and all(
+                p.topk is not None for p in self.prompts):
+            self._table = TopKTable.from_rows([p.topk or [] for p in self.prompts])
+        return self._table
+
+    def prompt_topk(self, index: int) -> Sequence[Sequence[Any]] | None:
+        """Prompt ``index``'s rows, ``[[token_id, logprob], ...]`` per position."""
+        if self.topk is not None and self._table is not None:
+            return self._table.rows(index)
+        return self.prompts[index].topk
 
     @property
     def configuration_recorded(self) -> bool:
@@ -223,6 +263,11 @@ class Golden(Strict):
                 raise ValueError("nondeterministic must be true exactly when the legs disagree")
         if self.nondeterministic and self.gate.kind == "strict":
             raise ValueError("a non-deterministic golden cannot back a strict gate")
+        if self.topk is not None:
+            if self.golden_schema < 2:
+                raise ValueError("topk (a sidecar) needs golden_schema 2")
+            if any(p.topk is not None for p in self.prompts):
+                raise ValueError("with a topk sidecar, prompts[].topk must be null")
         return self
 
 
@@ -236,40 +281,131 @@ def load_golden(path: Path) -> Golden:
     path = golden_file(path)
     data = load_json(path)
     check_schema_number(data, path, "golden_schema", GOLDEN_SCHEMA)
-    return validate(Golden, data, path)
+    golden = validate(Golden, data, path)
+    if golden.topk is not None:
+        golden._table = read_sidecar(golden, path)
+    return golden
+
+
+def read_sidecar(golden: Golden, path: Path) -> TopKTable:
+    """A format-2 golden's top-k table, checked against the hash and shape it records."""
+    ref = golden.topk
+    assert ref is not None
+    side = path.parent / ref.file
+    try:
+        data = side.read_bytes()
+    except FileNotFoundError:
+        raise BadInput(path, [("topk.file", f"{side} not found: a format-2 golden is its "
+                               "golden.json and this file, copied together")]) from None
+    except OSError as exc:
+        raise BadInput(side, [("<file>", f"unreadable: {exc.strerror or exc}")]) from None
+    got = sha256_bytes(data)
+    if got != ref.sha256:
+        raise BadInput(side, [("sha256", f"is {got}; {path.name} records {ref.sha256}")],
+                       hint="the top-k file was edited or damaged: re-capture the golden")
+    table = TopKTable.from_safetensors(data, side)
+    problems = []
+    if (table.ids.shape[0], table.width) != (ref.rows, ref.width):
+        problems.append(("ids", f"{table.ids.shape[0]} rows x {table.width}; the golden "
+                         f"records {ref.rows} x {ref.width}"))
+    if table.prompts != len(golden.prompts):
+        problems.append(("lengths", f"{table.prompts} prompts; the golden has "
+                         f"{len(golden.prompts)}"))
+    else:
+        for p, n in zip(golden.prompts, table.lengths.tolist(), strict=True):
+            if n != len(p.token_ids):
+                problems.append(("lengths", f"prompt {p.id}: {n} rows for {len(p.token_ids)} "
+                                 "tokens"))
+                break
+    if problems:
+        raise BadInput(side, problems)
+    return table
 
 
 def golden_json(golden: Golden) -> str:
     return dumps_json(golden.model_dump(mode="json", by_alias=True))
 
 
+def as_format2(golden: Golden) -> tuple[Golden, tuple[str, bytes] | None]:
+    """The golden as written: its top-k rows in a sidecar (name, bytes) when it has any."""
+    table = golden.topk_table()
+    if table is None:
+        return golden.model_copy(update={"golden_schema": GOLDEN_SCHEMA}), None
+    blob = table.to_safetensors({"golden": golden.name})
+    sha = sha256_bytes(blob)
+    ref = TopKFile(file=f"topk.{sha[:16]}.safetensors", sha256=sha, bytes=len(blob),
+                   rows=int(table.ids.shape[0]), width=table.width)
+    out = golden.model_copy(update={
+        "golden_schema": GOLDEN_SCHEMA, "topk": ref,
+        "prompts": [p.model_copy(update={"topk": None}) for p in golden.prompts]})
+    out._table = table
+    return out, (ref.file, blob)
+
+
 def publish(golden: Golden, path: Path, *, replace: bool) -> Path | None:
-    """Write ``golden`` to ``path`` atomically. Never overwrites: with ``replace`` the old
-    file is first moved to replaced/<name>.<utc>.json and kept. Returns where it went."""
+    """Write ``golden`` to ``path``, with its top-k sidecar first; golden.json, linked last
+    and atomically, is the commit point, so a reader sees the whole golden or none. Never
+    overwrites: with ``replace`` the old golden.json (and its sidecar) move to replaced/ and
+    are kept. Returns where the old one went."""
+    golden, sidecar = as_format2(golden)
     data = golden_json(golden).encode()
     try:
-        return _publish(data, path, replace=replace)
+        return _publish(data, path, sidecar, replace=replace)
     except OSError as exc:
         raise OutputFailed(f"cannot write {path}: {exc.strerror or exc}; nothing was written "
                            "(the golden is published whole or not at all)",
                            hint="check the folder's permissions and free space") from None
 
 
-def _publish(data: bytes, path: Path, *, replace: bool) -> Path | None:
-    kept: Path | None = None
-    if path.exists():
-        if not replace:
-            raise Refused(f"{path} exists; a golden is never overwritten",
-                          hint="--replace --reason TEXT writes the new one and keeps the old "
-                          "under replaced/")
-        kept = path.parent / "replaced" / f"{path.stem}.{stamp()}.json"
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        path.rename(kept)
+def _old_sidecar(path: Path) -> str | None:
     try:
+        ref = json.loads(path.read_text(encoding="utf-8")).get("topk")
+    except (OSError, ValueError, AttributeError):
+        return None
+    name = ref.get("file") if isinstance(ref, dict) else None
+    return name if isinstance(name, str) and "/" not in name and not name.startswith(".") \
+        else None
+
+
+def _publish(data: bytes, path: Path, sidecar: tuple[str, bytes] | None, *,
+             replace: bool) -> Path | None:
+    kept: Path | None = None
+    if path.exists() and not replace:
+        raise Refused(f"{path} exists; a golden is never overwritten",
+                      hint="--replace --reason TEXT writes the new one and keeps the old "
+                      "under replaced/")
+    new_side: Path | None = None
+    wrote_side = False
+    if sidecar is not None:
+        new_side = path.parent / sidecar[0]
+        try:
+            atomic_write_bytes(new_side, sidecar[1], overwrite=False)
+            wrote_side = True
+        except FileExistsError:  # the same rows (the name is their hash): keep, or mend
+            if new_side.read_bytes() != sidecar[1]:
+                atomic_write_bytes(new_side, sidecar[1], overwrite=True)
+    old_side: str | None = None
+    try:
+        if path.exists():
+            kept = path.parent / "replaced" / f"{path.stem}.{stamp()}.json"
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            old_side = _old_sidecar(path)
+            if old_side is not None and (path.parent / old_side).exists() and not (
+                    kept.parent / old_side).exists():
+                (kept.parent / old_side).hardlink_to(path.parent / old_side)
+            path.rename(kept)
         atomic_write_bytes(path, data, overwrite=False)
     except FileExistsError:
+        if wrote_side and new_side is not None:
+            new_side.unlink(missing_ok=True)
         raise Refused(f"{path} appeared while this capture ran (another capture?); "
                       "nothing overwritten") from None
+    except BaseException:
+        if wrote_side and new_side is not None and kept is None:
+            new_side.unlink(missing_ok=True)
+        raise
+    if old_side is not None and (new_side is None or old_side != new_side.name):
+        (path.parent / old_side).unlink(missing_ok=True)  # kept under replaced/
     return kept
 
 

@@ -15,7 +15,8 @@ import sys
 import time
 import traceback
 
-DRIVER_SCHEMA = 1
+DRIVER_SCHEMA = 2  # 2: top-k rows in ARRAYS_FILE (an .npz), not in the JSON
+ARRAYS_FILE = "topk.npz"
 
 # BRIEF section 5's keys, and where each may live on vllm_config (first readable wins).
 RESOLVED = {
@@ -153,6 +154,28 @@ def topk(position_logprobs, k):
     return [[tid, logprob] for tid, logprob, _rank in items]
 
 
+def topk_arrays(outputs, prefix, arrays):
+    """One leg's top-k rows as arrays (oracle_build/topk.py's layout): lengths [P],
+    counts [N], ids [N, W] (-1 pad), logprobs [N, W] float64 (NaN pad). The rows leave the
+    JSON: parsing millions of small lists costs more than the comparison itself."""
+    import numpy as np
+
+    lengths = [len(out["topk"]) for out in outputs]
+    rows = [row or [] for out in outputs for row in out.pop("topk")]
+    counts = np.array([len(r) for r in rows], dtype=np.uint16)
+    width = max(1, int(counts.max()) if len(rows) else 1)
+    ids = np.full((len(rows), width), -1, dtype=np.int32)
+    lps = np.full((len(rows), width), np.nan, dtype=np.float64)
+    for j, row in enumerate(rows):
+        if row:
+            ids[j, : len(row)] = [t for t, _lp in row]
+            lps[j, : len(row)] = [lp for _t, lp in row]
+    arrays[prefix + "lengths"] = np.array(lengths, dtype=np.int64)
+    arrays[prefix + "counts"] = counts
+    arrays[prefix + "ids"] = ids
+    arrays[prefix + "logprobs"] = lps
+
+
 def run_one(llm, SamplingParams, run, legs_out):
     s = dict(run["sampling"])
     params = SamplingParams(**s)
@@ -259,11 +282,21 @@ def main(argv):
         result["resolved"] = resolved_config(vllm_config)
         result["backends"] = chosen_backends(vllm_config)
         result["runs"] = []
-        for run in req["runs"]:
+        arrays = {}
+        for r, run in enumerate(req["runs"]):
             legs = []
             sampling, times = run_one(llm, SamplingParams, run, legs)
+            for leg_no, leg in enumerate(legs):
+                topk_arrays(leg, "r%d_l%d_" % (r, leg_no), arrays)
             result["runs"].append({"name": run["name"], "sampling": sampling, "legs": legs,
                                    "leg_seconds": times})
+        import numpy as np
+
+        arrays_path = os.path.join(os.path.dirname(os.path.abspath(out_path)), ARRAYS_FILE)
+        with open(arrays_path + ".tmp", "wb") as fh:
+            np.savez(fh, **arrays)
+        os.replace(arrays_path + ".tmp", arrays_path)
+        result["arrays_file"] = ARRAYS_FILE
         # num_gpu_blocks is set once the KV cache is sized: read it again after the runs.
         result["resolved_after"] = resolved_config(vllm_config)
         result["ok"] = True

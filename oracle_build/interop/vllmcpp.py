@@ -9,7 +9,10 @@ Formats (see ../shared/interop/vllm.cpp/README.md):
   legs_agree=true);
 - a greedy battery folder: greedy_ids.npy int32 [N,T] (run 0), greedy_dist.npy int32
   [N,T,K] (K runs, -1 pads short runs), p{i}_prompt.i32 (raw little-endian int32), and
-  optionally our_ids.npy [N,T] (a candidate) and neartie_gap_mnats.npy [N,T].
+  optionally our_ids.npy [N,T] (a candidate) and neartie_gap_mnats.npy [N,T]. Our export
+  adds topk_ids.npy int32 [N,T,W] and topk_logprobs.npy float [N,T,W] (run 0's top-k plus
+  the sampled token, best first; -1 and NaN pad), which import reads back: a battery
+  round trip keeps the margins.
 
 Import never invents a value: what the source did not record is ``unrecorded`` with the
 source's own reasons, and the source files' sha256 are kept as provenance.
@@ -42,6 +45,7 @@ from oracle_build.contracts.golden import (
     recorded,
 )
 from oracle_build.contracts.spec import GateSpec
+from oracle_build.contracts.topk import TopKTable
 from oracle_build.core.errors import BadInput, Refused
 from oracle_build.core.files import (
     atomic_write_bytes,
@@ -56,6 +60,7 @@ LEGACY_KEYS = {"vllm", "transformers", "flashinfer", "model", "revision", "sampl
 RESOLVED_20 = RESOLVED_KEYS
 NULLABLE_RESOLVED = {"num_gpu_blocks_override"}
 PAD = -1
+TOPK_IDS, TOPK_LOGPROBS = "topk_ids.npy", "topk_logprobs.npy"
 
 
 class LegacySampling(Strict):
@@ -131,17 +136,19 @@ def attributed_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
 # ----------------------------------------------------------------------------- reading
 
 
-def _load_npy(path: Path, ndim: int) -> np.ndarray:
+def _load_npy(path: Path, ndim: int, *, floating: bool = False) -> np.ndarray:
     try:
         arr = np.load(path, allow_pickle=False)
     except Exception as exc:  # a corrupt header fails in numpy's parser in many ways
         raise BadInput(path, [("<file>", f"not a readable .npy array "
                                f"({type(exc).__name__}: {exc})"[:300])]) from None
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise BadInput(path, [("dtype", f"expected an integer array, found {arr.dtype}")])
+    kind = np.floating if floating else np.integer
+    if not np.issubdtype(arr.dtype, kind):
+        raise BadInput(path, [("dtype", f"expected {'a float' if floating else 'an integer'} "
+                               f"array, found {arr.dtype}")])
     if arr.ndim != ndim:
         raise BadInput(path, [("shape", f"expected {ndim} dimensions, found {arr.shape}")])
-    out: np.ndarray = arr.astype(np.int64)
+    out: np.ndarray = arr.astype(np.float64 if floating else np.int64)
     return out
 
 
@@ -213,9 +220,19 @@ def read_battery(folder: Path) -> dict[str, Any]:
     tokens = [_row(ids[i], ids_path, f"row {i}") for i in range(n)]
     legs = [[_row(dist[i, :, j], dist_path, f"[{i},:,{j}]") for i in range(n)]
             for j in range(k)]
+    topk_ids, topk_lps = folder / TOPK_IDS, folder / TOPK_LOGPROBS
+    table: TopKTable | None = None
+    if topk_ids.is_file() != topk_lps.is_file():
+        raise BadInput(folder, [(TOPK_IDS if not topk_ids.is_file() else TOPK_LOGPROBS,
+                                 f"missing: {TOPK_IDS} and {TOPK_LOGPROBS} come together")])
+    if topk_ids.is_file():
+        lps = _load_npy(topk_lps, 3, floating=True)
+        table = TopKTable.from_padded(_load_npy(topk_ids, 3), lps,
+                                      [len(t_) for t_ in tokens], topk_ids)
+        files[TOPK_IDS], files[TOPK_LOGPROBS] = topk_ids, topk_lps
     agreement = judge.legs_agreement(legs, [f"p{i}" for i in range(n)])
     return {"prompts": prompts, "tokens": tokens, "legs": legs, "agreement": agreement,
-            "candidate": candidate, "files": files, "shape": [n, t, k]}
+            "candidate": candidate, "files": files, "shape": [n, t, k], "topk": table}
 
 
 def _oracle_json(path: Path) -> tuple[dict[str, Any], OracleJson]:
@@ -312,7 +329,9 @@ def _build(name: str, path: Path, doc: tuple[dict[str, Any], OracleJson] | None,
         if len(battery["prompts"]) != len(prompts):
             raise BadInput(path, [("golden", "oracle.json and the battery hold different "
                                    "numbers of prompts")])
-    unrecorded["topk"] = "the source records no logprobs"
+    table = battery["topk"] if battery else None
+    if table is None:
+        unrecorded["topk"] = "the source records no logprobs"
     engine: EngineRecord | None = None
     batch: dict[str, Any] | None = None
     if cap is not None and cap.engine_config_recorded and cap.engine:
@@ -364,11 +383,17 @@ def _build(name: str, path: Path, doc: tuple[dict[str, Any], OracleJson] | None,
                           imported_utc=utc_now(), tool=host.tool_facts(),
                           source_fields=source_fields,
                           candidate=battery["candidate"] if battery else None)
-    return Golden(golden_schema=GOLDEN_SCHEMA, name=name, spec=None, oracle=oracle,
-                  model=model, engine=engine, environment=None, sampling=sampling,
-                  logprobs=None, batch=batch, legs=legs, nondeterministic=nondet,
-                  nondeterministic_cells=cells, gate=gate, prompts=prompts, run=None,
-                  source=source, unrecorded=unrecorded)
+    if table is not None:
+        unrecorded["logprobs"] = (f"the source's {TOPK_IDS} holds up to {table.width} entries "
+                                  "per position (top-k plus the sampled token) and states no k")
+    golden = Golden(golden_schema=GOLDEN_SCHEMA, name=name, spec=None, oracle=oracle,
+                    model=model, engine=engine, environment=None, sampling=sampling,
+                    logprobs=None, batch=batch,
+                    legs=legs, nondeterministic=nondet, nondeterministic_cells=cells,
+                    gate=gate, prompts=prompts, run=None, source=source,
+                    unrecorded=unrecorded)
+    golden._table = table
+    return golden
 
 
 def import_to(path: Path, out: Path, *, name: str | None = None) -> Path:
@@ -453,6 +478,11 @@ def export(golden: Golden, golden_path: Path, dest: Path) -> Path:
     try:
         np.save(tmp / "greedy_ids.npy", ids)
         np.save(tmp / "greedy_dist.npy", dist)
+        table = golden.topk_table()
+        if table is not None:
+            topk_ids, topk_lps = table.to_padded(t)
+            np.save(tmp / TOPK_IDS, topk_ids)
+            np.save(tmp / TOPK_LOGPROBS, topk_lps)
         for i, p in enumerate(golden.prompts):
             (tmp / f"p{i}_prompt.i32").write_bytes(
                 np.asarray(p.prompt_token_ids, dtype="<i4").tobytes())
