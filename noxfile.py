@@ -13,7 +13,9 @@ not nox's blanket 1.
 
 from __future__ import annotations
 
+import hashlib
 import sys
+from pathlib import Path
 
 import nox
 
@@ -43,7 +45,34 @@ def _harness(session: nox.Session, *install: str) -> None:
                     f"{sys.version.split()[0]}: run nox with a newer Python "
                     "(`pipx run --python python3.12 nox`, `uvx -p 3.12 nox`)")
         raise SystemExit(EXIT_PREFLIGHT)
+    # The project is installed editable: code changes are live without reinstalling. Only
+    # a different install request or pyproject.toml calls for one (pip took 4 s of every
+    # `nox -s verify`); a venv nox recreates has no stamp and installs.
+    location = getattr(session.virtualenv, "location", None)
+    if not location:  # no venv of nox's own (--no-venv): install as asked
+        session.install(*install)
+        return
+    stamp = Path(str(location)) / ".oracle-build-installed"
+    want = hashlib.sha256("\0".join([*install, sys.version, Path("pyproject.toml").read_text()])
+                          .encode()).hexdigest()
+    if stamp.is_file() and stamp.read_text() == want and _imports_here(session):
+        session.log("oracle-build already installed in this venv (pyproject.toml unchanged)")
+        return
+    stamp.unlink(missing_ok=True)
     session.install(*install)
+    stamp.write_text(want)
+
+
+def _imports_here(session: nox.Session) -> bool:
+    """The venv's python imports oracle_build from this checkout (not a copy elsewhere)."""
+    python = Path(str(session.virtualenv.location)) / "bin" / "python"
+    try:
+        out = session.run(str(python), "-c", "import oracle_build, os; "
+                          "print(os.path.dirname(os.path.dirname(oracle_build.__file__)))",
+                          silent=True, log=False, external=True)
+    except nox.command.CommandFailed:
+        return False
+    return isinstance(out, str) and Path(out.strip()).resolve() == Path.cwd().resolve()
 
 
 def _cli(session: nox.Session, *args: str) -> None:

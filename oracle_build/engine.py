@@ -39,7 +39,7 @@ from oracle_build.core.errors import (
 from oracle_build.core.filelock import held
 from oracle_build.core.files import load_json, sha256_file
 from oracle_build.core.log import say
-from oracle_build.oracle_venv import OracleVenv
+from oracle_build.oracle_venv import EngineHost, OracleVenv
 
 MODEL_FILE_GLOBS = ("*.json", "*.safetensors", "*.bin", "*.model", "*.txt", "*.tiktoken")
 BACKEND_LOG = re.compile(r"Using (?:the )?([A-Za-z0-9_]+) (?:attention )?backend", re.I)
@@ -56,36 +56,79 @@ class Oracle:
     venv: OracleVenv
     identity: identity.Identity
     build_record_sha256: str
+    # the engine host whose probe gave ``identity``, waiting for the first engine run
+    hosts: list[EngineHost] = field(default_factory=list, compare=False)
+
+    def take_host(self) -> EngineHost | None:
+        return self.hosts.pop() if self.hosts else None
 
 
-def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True) -> Oracle:
+def engine_env(target: Target) -> dict[str, str]:
+    """The environment every engine of this target runs with (in-process engine core)."""
+    return {**target.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
+                engine_log: Path | None = None) -> Oracle:
     """The pin's built oracle with its identity re-checked. ``require``: refuse one that is
-    not the pin's (IdentityMismatch); otherwise the caller reads ``identity.ok``."""
+    not the pin's (IdentityMismatch); otherwise the caller reads ``identity.ok``.
+
+    ``engine_log``: an engine will run, so the identity probe runs inside the engine host
+    (driver.py --serve, logging there): it imports vLLM once for both, and starts no engine
+    until the harness has compared its facts with the pin and hands it a request."""
     venv = OracleVenv(layout.oracle_path(home, pin.key))
     if not venv.exists():
         raise OracleMissing(f"no oracle for pin {pin.id} at {venv.path}",
                             hint="run `nox -s build_oracle` first")
     target = pin.target(target_name)
     say(f"checking oracle identity: {venv.path}")
-    ident = identity.check(pin, target, venv.path)
+    hosts: list[EngineHost] = []
+    if engine_log is not None:
+        engine_host = venv.serve(identity.probe_args(target), env=engine_env(target),
+                                 log=engine_log)
+        facts = engine_host.facts()
+        ident = identity.check(pin, target, venv.path, facts=facts) if facts is not None \
+            else identity.check(pin, target, venv.path)  # the host failed: say why, alone
+        if ident.ok and facts is not None:
+            hosts.append(engine_host)
+        else:
+            engine_host.close()
+    else:
+        ident = identity.check(pin, target, venv.path)
     if require and not ident.ok:
         raise IdentityMismatch(ident.mismatches, where=str(venv.path),
                                hint="`build_oracle -- --rebuild` replaces a drifted oracle")
     digest = sha256_file(venv.record_path) if venv.has_record() else ""
-    return Oracle(pin, target_name, target, venv, ident, digest)
+    return Oracle(pin, target_name, target, venv, ident, digest, hosts)
 
 
 @dataclass
 class Oracles:
-    """The oracles one command uses, each opened (identity checked) once."""
+    """The oracles one command uses, each opened (identity checked) once. ``engine``:
+    (what, name) of the engine runs to come: each oracle's identity is then probed inside
+    its engine host (see ``open_oracle``). ``close`` ends hosts no engine run took."""
 
     home: Path
     opened: dict[tuple[str, str], Oracle] = field(default_factory=dict)
+    engine: tuple[str, str] | None = None
+
+    def close(self) -> None:
+        for oracle in self.opened.values():
+            while (engine_host := oracle.take_host()) is not None:
+                engine_host.close()
+
+    def __enter__(self) -> Oracles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def get(self, pin: Pin, target_name: str, *, require: bool = True) -> Oracle:
         key = (pin.key, target_name)
         if key not in self.opened:
-            self.opened[key] = open_oracle(pin, target_name, self.home, require=False)
+            log = layout.log_path(self.home, *self.engine) if self.engine else None
+            self.opened[key] = open_oracle(pin, target_name, self.home, require=False,
+                                           engine_log=log)
         oracle = self.opened[key]
         if require and not oracle.identity.ok:
             raise IdentityMismatch(oracle.identity.mismatches, where=str(oracle.venv.path),
@@ -292,17 +335,23 @@ class EngineSession:
         ``ok`` is false (``require()`` raises EngineFailed with the log's tail).
         ``audit_weights``: the result says which checkpoint tensors vLLM's loader skipped."""
         memory_preflight(self.oracle.target)
-        log = layout.log_path(self.home, what, name)
         request = {"model": str(self.model_path), "engine_args": self.args, "runs": runs,
                    "record_env_prefixes": list(RECORDED_PREFIXES),
                    "audit_weights": audit_weights}
-        log.parent.mkdir(parents=True, exist_ok=True)
-        env = {**self.oracle.target.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         # One engine at a time per oracle home: two engines can exhaust a host's memory
         # (GB10's unified memory included). Another capture/verify/explain waits here.
         with held(layout.engine_lock(self.home), what="a vLLM engine"):
-            answer = self.oracle.venv.run_inside("driver.py", [], request=request, env=env,
-                                                 log=log, what="vLLM engine")
+            engine_host = self.oracle.take_host()
+            if engine_host is not None:  # identity proved in this process: start the engine
+                log = engine_host.log
+                say("    the engine host passed identity: starting its engine")
+                answer = engine_host.run(request)
+            else:
+                log = layout.log_path(self.home, what, name)
+                log.parent.mkdir(parents=True, exist_ok=True)
+                answer = self.oracle.venv.run_inside(
+                    "driver.py", [], request=request, env=engine_env(self.oracle.target),
+                    log=log, what="vLLM engine")
         if answer.data is None:
             raise EngineFailed(f"the driver exited with {answer.result.returncode} and wrote "
                                f"no result; log: {log}\n" + _tail(log))

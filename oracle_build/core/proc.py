@@ -7,6 +7,7 @@ and on failure raises with the tail of the output and the log's path.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
@@ -51,6 +52,120 @@ def _env_diff(env: Mapping[str, str] | None) -> list[str]:
     return shown
 
 
+class Live:
+    """A started command: its output streams to ``log`` (and a tail kept for errors) from a
+    reader thread; it may be sent lines on its stdin (``stdin=True``) and is waited for with
+    ``finish``. ``run`` is ``Live(...).finish(...)``; the engine host (a driver that has
+    proved its identity and waits for its request) stays live between the two."""
+
+    def __init__(self, argv: Sequence[str | os.PathLike[str]], *, log: Path | None = None,
+                 env: Mapping[str, str] | None = None, cwd: Path | None = None,
+                 capture: bool = False, echo: bool = True, what: str | None = None,
+                 hint: str | None = None, stdin: bool = False) -> None:
+        self.args = [os.fspath(a) for a in argv]
+        if not self.args or not all(isinstance(a, str) for a in self.args):
+            raise TypeError("run() takes a non-empty argument list")
+        self.cmdline = shlex.join(self.args)
+        self.label = what or Path(self.args[0]).name
+        self.log, self.hint, self.capture = log, hint, capture
+        if echo:
+            say(f"    $ {self.cmdline}")
+        self._logf = None
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            self._logf = log.open("a", encoding="utf-8", errors="replace")
+            self._logf.write(f"\n$ {self.cmdline}\n")
+            if cwd is not None:
+                self._logf.write(f"# cwd: {cwd}\n")
+            for item in _env_diff(env):
+                self._logf.write(f"# env: {item}\n")
+            self._logf.flush()
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self._kept: list[str] = []
+        self.start = time.monotonic()
+        try:
+            self.proc = subprocess.Popen(
+                self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                env=dict(env) if env is not None else None, cwd=cwd, text=True,
+                encoding="utf-8", errors="replace", bufsize=1)
+        except FileNotFoundError as exc:
+            if self._logf:
+                self._logf.close()
+            raise BuildFailed(f"{self.label}: command not found: {self.args[0]}",
+                              hint=hint) from exc
+        self._done = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        threading.Thread(target=self._heartbeat, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.tail.append(line)
+            if self.capture:
+                self._kept.append(line)
+            if self._logf:
+                self._logf.write(line)
+                self._logf.flush()
+
+    def _heartbeat(self) -> None:
+        while not self._done.wait(HEARTBEAT_SECONDS):
+            last = self.tail[-1].strip()[:120] if self.tail else ""
+            say(f"    ... {self.label} running "
+                f"{fmt_seconds(time.monotonic() - self.start)}: {last}")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def send(self, line: str) -> None:
+        """One line to the command's stdin (which stays open)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def finish(self, *, timeout: float | None = None, check: bool = True) -> Result:
+        """Wait for the command's end (its stdin closed); with ``check``, a non-zero exit
+        raises with the tail of its output and the log's path."""
+        try:
+            if self.proc.stdin is not None and not self.proc.stdin.closed:
+                with contextlib.suppress(OSError):
+                    self.proc.stdin.close()
+            self.proc.wait(timeout=timeout)
+            self._reader.join()
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        finally:
+            self._done.set()
+            self._reader.join(timeout=5)
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+            if self._logf:
+                self._logf.write(f"# exit {self.proc.returncode} after "
+                                 f"{time.monotonic() - self.start:.1f}s\n")
+                self._logf.close()
+        seconds = time.monotonic() - self.start
+        result = Result(self.args, self.proc.returncode, "".join(self._kept), seconds)
+        if check and self.proc.returncode != 0:
+            shown = "".join(self.tail).rstrip()
+            where = f"\n  full log: {self.log}" if self.log else ""
+            raise BuildFailed(
+                f"{self.label} exited with {self.proc.returncode} after "
+                f"{fmt_seconds(seconds)}\n  $ {self.cmdline}\n  last lines:\n"
+                + "\n".join("    | " + ln for ln in shown.splitlines()) + where,
+                hint=self.hint)
+        return result
+
+    def stop(self) -> None:
+        """End it now (closing its stdin first: a waiting driver exits on its own)."""
+        if self._done.is_set():
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):  # finish killed it
+            self.finish(timeout=10, check=False)
+
+
 def run(
     argv: Sequence[str | os.PathLike[str]],
     *,
@@ -65,86 +180,9 @@ def run(
     hint: str | None = None,
 ) -> Result:
     """Run ``argv``. Output goes to ``log`` (appended) and, with capture, is returned."""
-    args = [os.fspath(a) for a in argv]
-    if not args or not all(isinstance(a, str) for a in args):
-        raise TypeError("run() takes a non-empty argument list")
-    cmdline = shlex.join(args)
-    label = what or Path(args[0]).name
-    if echo:
-        say(f"    $ {cmdline}")
-    logf = None
-    if log is not None:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        logf = log.open("a", encoding="utf-8", errors="replace")
-        logf.write(f"\n$ {cmdline}\n")
-        if cwd is not None:
-            logf.write(f"# cwd: {cwd}\n")
-        for item in _env_diff(env):
-            logf.write(f"# env: {item}\n")
-        logf.flush()
-    tail: deque[str] = deque(maxlen=TAIL_LINES)
-    kept: list[str] = []
-    start = time.monotonic()
-    try:
-        proc = subprocess.Popen(
-            args,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=dict(env) if env is not None else None,
-            cwd=cwd,
-            text=True,
-            encoding="utf-8",
-            errors="replace",
-            bufsize=1,
-        )
-    except FileNotFoundError as exc:
-        if logf:
-            logf.close()
-        raise BuildFailed(f"{label}: command not found: {args[0]}", hint=hint) from exc
-
-    done = threading.Event()
-
-    def heartbeat() -> None:
-        while not done.wait(HEARTBEAT_SECONDS):
-            last = tail[-1].strip()[:120] if tail else ""
-            say(f"    ... {label} running {fmt_seconds(time.monotonic() - start)}: {last}")
-
-    beat = threading.Thread(target=heartbeat, daemon=True)
-    beat.start()
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            tail.append(line)
-            if capture:
-                kept.append(line)
-            if logf:
-                logf.write(line)
-        proc.wait(timeout=timeout)
-    except BaseException:
-        proc.kill()
-        proc.wait()
-        raise
-    finally:
-        done.set()
-        if proc.stdout is not None:
-            proc.stdout.close()
-        if logf:
-            logf.write(f"# exit {proc.returncode} after {time.monotonic() - start:.1f}s\n")
-            logf.close()
-    seconds = time.monotonic() - start
-    result = Result(args, proc.returncode, "".join(kept), seconds)
-    if check and proc.returncode != 0:
-        shown = "".join(tail).rstrip()
-        where = f"\n  full log: {log}" if log else ""
-        raise BuildFailed(
-            f"{label} exited with {proc.returncode} after {fmt_seconds(seconds)}\n"
-            f"  $ {cmdline}\n  last lines:\n"
-            + "\n".join("    | " + ln for ln in shown.splitlines())
-            + where,
-            hint=hint,
-        )
-    return result
+    live = Live(argv, log=log, env=env, cwd=cwd, capture=capture, echo=echo, what=what,
+                hint=hint)
+    return live.finish(timeout=timeout, check=check)
 
 
 def query(argv: Sequence[str | os.PathLike[str]], *, env: Mapping[str, str] | None = None,

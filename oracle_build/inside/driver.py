@@ -1,6 +1,12 @@
 """Capture driver: run by the ORACLE venv's python. Standard library + vLLM only.
 
     python -I driver.py REQUEST.json RESULT.json
+    python -I driver.py --serve FACTS.json KERNEL_CHECK DEVICE ENV_PREFIXES
+
+``--serve`` is the engine host: it first runs the identity probe (probe.py, in this
+process, before any engine), writes its facts and waits on stdin for the harness's word:
+``run REQUEST.json RESULT.json`` (identity passed: start the engine) or ``exit`` (or end of
+input: the harness refused the oracle, or needs no engine). vLLM is imported once for both.
 
 One engine start (in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0), then every run in
 the request: each run is a list of generate() calls (batch composition), repeated
@@ -252,7 +258,26 @@ def audit_weights(audit):
     loader_cls.load_weights = load_weights
 
 
-def main(argv):
+def serve(argv):
+    """Probe, then wait for the harness: ``run REQ OUT`` or ``exit``."""
+    import importlib.util
+
+    env_before = dict(os.environ)
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location("oracle_probe", os.path.join(here, "probe.py"))
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    probe.main([argv[0], *argv[2:]])
+    print("driver: identity facts written; waiting for the harness", flush=True)
+    line = sys.stdin.readline().split()
+    if len(line) != 3 or line[0] != "run":
+        print("driver: no engine asked for (%s); exiting" % (" ".join(line) or "end of input"),
+              flush=True)
+        return 0
+    return main([argv[0], line[1], line[2]], env_before=env_before)
+
+
+def main(argv, env_before=None):
     req_path, out_path = argv[1], argv[2]
     with open(req_path, encoding="utf-8") as fh:
         req = json.load(fh)
@@ -260,7 +285,8 @@ def main(argv):
     t0 = time.monotonic()
     # The harness names the variables it records (this script imports nothing from it).
     prefixes = tuple(req["record_env_prefixes"])
-    result["env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefixes)}
+    before = env_before if env_before is not None else os.environ
+    result["env"] = {k: v for k, v in sorted(before.items()) if k.startswith(prefixes)}
     try:
         import torch
         import vllm
@@ -312,4 +338,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(serve(sys.argv) if sys.argv[1:2] == ["--serve"] else main(sys.argv))
