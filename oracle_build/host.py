@@ -30,8 +30,10 @@ REPO = Path(__file__).resolve().parent.parent
 @dataclass(frozen=True)
 class Gpu:
     name: str
-    compute_capability: str
+    compute_capability: str  # NVIDIA's "12.1"; "" for an AMD GPU
     driver: str
+    arch: str | None = None  # AMD's gfx name ("gfx1100"); None for NVIDIA
+    vendor: str = "nvidia"
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,82 @@ def parse_nvidia_smi(text: str) -> tuple[Gpu, ...]:
         if len(parts) == 3 and re.fullmatch(r"\d+\.\d+", parts[1]):
             gpus.append(Gpu(parts[0], parts[1], parts[2]))
     return tuple(gpus)
+
+
+def parse_rocminfo(text: str, driver: str = "") -> tuple[Gpu, ...]:
+    """`rocminfo`: each ``Agent N`` block whose ``Device Type`` is GPU gives its first
+    ``Name`` (the gfx arch) and ``Marketing Name``; the ISA block's names are not the
+    agent's. The ROCk module line names the driver when ``driver`` is not known."""
+    m = re.search(r"ROCk module(?: version (\S+))? is loaded", text)
+    driver = driver or (f"amdgpu {m.group(1)}" if m and m.group(1) else "")
+    gpus = []
+    for block in re.split(r"^\*+\s*\n\s*Agent \d+\s*\n\*+\s*$", text, flags=re.M)[1:]:
+        fields: dict[str, str] = {}
+        for line in block.splitlines():
+            key, sep, value = line.strip().partition(":")
+            if sep and key in ("Name", "Marketing Name", "Device Type") and key not in fields:
+                fields[key] = value.strip()
+        arch = fields.get("Name", "")
+        if fields.get("Device Type") == "GPU" and re.fullmatch(r"gfx[0-9a-f]+", arch):
+            gpus.append(Gpu(fields.get("Marketing Name") or arch, "", driver, arch, "amd"))
+    return tuple(gpus)
+
+
+def parse_amd_smi(text: str) -> tuple[Gpu, ...]:
+    """`amd-smi static --asic --driver` (text): per ``GPU: N`` block, MARKET_NAME,
+    TARGET_GRAPHICS_VERSION and the DRIVER block's VERSION."""
+    gpus = []
+    for block in re.split(r"^GPU: \d+\s*$", text, flags=re.M)[1:]:
+        fields: dict[str, str] = {}
+        section = ""
+        for line in block.splitlines():
+            key, sep, value = line.strip().partition(":")
+            if sep and not value.strip():
+                section = key
+            elif sep:
+                fields.setdefault(f"{section}.{key}", value.strip())
+        arch = fields.get("ASIC.TARGET_GRAPHICS_VERSION", "")
+        if re.fullmatch(r"gfx[0-9a-f]+", arch):
+            driver = fields.get("DRIVER.VERSION", "")
+            gpus.append(Gpu(fields.get("ASIC.MARKET_NAME") or arch, "",
+                            f"amdgpu {driver}".strip(), arch, "amd"))
+    return tuple(gpus)
+
+
+def rocm_tool(name: str, rocm_home: str | None = None) -> str | None:
+    """A ROCm tool: on PATH, else under ROCM_HOME / ROCM_PATH / /opt/rocm."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for root in (rocm_home, os.environ.get("ROCM_HOME"), os.environ.get("ROCM_PATH"),
+                 "/opt/rocm"):
+        if root and (Path(root) / "bin" / name).is_file():
+            return str(Path(root) / "bin" / name)
+    return None
+
+
+def _amd_gpus() -> tuple[Gpu, ...]:
+    """AMD GPUs, from rocminfo (the HSA runtime's view) else amd-smi."""
+    exe = rocm_tool("rocminfo")
+    if exe:
+        out = proc.query([exe], timeout=60)
+        if out.ok:
+            gpus = parse_rocminfo(out.output, _amdgpu_driver())
+            if gpus:
+                return gpus
+    exe = rocm_tool("amd-smi")
+    if exe:
+        out = proc.query([exe, "static", "--asic", "--driver"], timeout=60)
+        if out.ok:
+            return parse_amd_smi(out.output)
+    return ()
+
+
+def _amdgpu_driver(path: Path = Path("/sys/module/amdgpu/version")) -> str:
+    try:
+        return f"amdgpu {path.read_text().strip()}"
+    except OSError:
+        return ""
 
 
 def _nvidia_gpus() -> tuple[Gpu, ...]:
@@ -124,10 +202,16 @@ def host() -> Host:
     """This host, detected once per process."""
     info = meminfo()
     machine = platform.machine()
-    return Host(machine=machine, system=platform.system(), gpus=_nvidia_gpus(),
+    return Host(machine=machine, system=platform.system(), gpus=_nvidia_gpus() + _amd_gpus(),
                 mem_available_bytes=info.get("MemAvailable"),
                 mem_total_bytes=info.get("MemTotal"),
                 cpu_variant=cpu_variant(machine, cpu_flags()))
+
+
+def hip_version(hipcc_output: str) -> str | None:
+    """``hipcc --version``'s "HIP version: 7.2.53211-e9d2e3ca67" as "7.2.53211"."""
+    m = re.search(r"HIP version:\s*(\d+\.\d+(?:\.\d+)?)", hipcc_output)
+    return m.group(1) if m else None
 
 
 def nvcc_version(cuda_home: str | None) -> str | None:
@@ -189,12 +273,23 @@ def fits(target: Target, h: Host) -> tuple[bool, str]:
         return False, f"needs an {target.machine} host, this one is {h.machine}"
     if target.device == "cpu":
         return True, "cpu"
-    for gpu in h.gpus:
+    if target.device == "rocm":
+        amd = [g for g in h.gpus if g.vendor == "amd"]
+        for gpu in amd:
+            if gpu.arch == target.gfx_arch and (target.device_name or "").lower() in \
+                    gpu.name.lower():
+                return True, f"{gpu.name} {gpu.arch}"
+        found = ", ".join(f"{g.name} ({g.arch})" for g in amd) or "no AMD GPU (rocminfo, " \
+            "amd-smi)"
+        return False, (f"needs {target.device_name or 'an AMD GPU'} {target.gfx_arch}; this "
+                       f"host has {found}")
+    for gpu in (g for g in h.gpus if g.vendor == "nvidia"):
         if gpu.compute_capability == target.compute_capability and (
             (target.device_name or "").lower() in gpu.name.lower()
         ):
             return True, f"{gpu.name} sm_{gpu.compute_capability.replace('.', '')}"
-    found = ", ".join(f"{g.name} ({g.compute_capability})" for g in h.gpus) or "no NVIDIA GPU"
+    found = ", ".join(f"{g.name} ({g.compute_capability})" for g in h.gpus
+                      if g.vendor == "nvidia") or "no NVIDIA GPU"
     return False, (
         f"needs {target.device_name} with compute capability {target.compute_capability}; "
         f"this host has {found}"

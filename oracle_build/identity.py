@@ -12,16 +12,14 @@ import json
 import os
 import platform
 import re
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from oracle_build import host, manifest
+from oracle_build import archsets, host, manifest
 from oracle_build.contracts.pins import GitSource, Pin, Target
-from oracle_build.core import proc
 from oracle_build.core.env import RECORDED_PREFIXES
 from oracle_build.core.errors import BuildFailed, IdentityMismatch
 from oracle_build.oracle_venv import OracleVenv
@@ -74,6 +72,8 @@ class Identity:
         devices = torch.get("devices") or []
         if devices:
             d = devices[0]
+            if d.get("gcn_arch"):
+                return f"{d['name']} {str(d['gcn_arch']).split(':', 1)[0]}"
             return f"{d['name']} sm_{d['capability'].replace('.', '')}"
         return f"cpu {self.facts.get('machine', '')}".strip()
 
@@ -115,16 +115,6 @@ def run_probe(venv: Path, target: Target, *, log: Path | None = None,
     facts = answer.data
     facts["machine"] = platform.machine()
     return facts
-
-
-def cuobjdump_sm(paths: list[str], cuobjdump: str | None = None) -> list[str]:
-    """The sm_XX ELF code inside the given libraries, via ``cuobjdump --list-elf``."""
-    exe = cuobjdump or shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
-    found: set[str] = set()
-    for path in paths:
-        listing = proc.query([exe, "--list-elf", path], timeout=300)
-        found.update(re.findall(r"\.(sm_\d+[af]?)\.", listing.output))
-    return sorted(found)
 
 
 def _under(path: str, roots: list[str]) -> bool:
@@ -183,7 +173,8 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any]) -> list
                             "present" if package.get("rust_frontend") else "absent"))
 
     dists = facts.get("distributions", {})
-    for key, version in pin.expected_versions().items():
+    expected = pin.expected_versions(target)
+    for key, version in expected.items():
         found = dists.get(key)
         if found is None:
             bad.append((f"{key} (installed)", version, "not installed"))
@@ -197,7 +188,7 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any]) -> list
                     ", ".join(f"{e['version']} at {e['location']}" for e in entries)))
     for module, dist in (("torch", "torch"), ("transformers", "transformers"),
                          ("flashinfer", "flashinfer-python")):
-        pinned = pin.expected_versions().get(canonicalize_name(dist))
+        pinned = expected.get(canonicalize_name(dist))
         if pinned is None:
             continue
         want = pinned
@@ -218,7 +209,9 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any]) -> list
             if (target.device_name or "").lower() not in d["name"].lower() or (
                     d["capability"] != target.compute_capability):
                 bad.append(("device", want, f"{d['name']} ({d['capability']})"))
-    elif facts.get("machine") != target.machine:
+    elif target.device == "rocm":
+        bad += rocm_device(target, torch)
+    if target.device != "cuda" and facts.get("machine") != target.machine:
         bad.append(("machine", target.machine, str(facts.get("machine"))))
 
     kernel = facts.get("kernel", {})
@@ -226,12 +219,34 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any]) -> list
         bad.append(("compiled kernel", f"{target.kernel_check} runs",
                     str(kernel.get("error") or kernel)))
     loaded = (facts.get("cpu_kernels") or {}).get("variant")
-    expected = host.host().cpu_variant
-    if target.device == "cpu" and loaded is not None and loaded != expected:
+    variant = host.host().cpu_variant
+    if target.device == "cpu" and loaded is not None and loaded != variant:
         # vLLM fell back to another kernel library than this CPU calls for (a failed
         # import is only a warning in vLLM): its numerics are not this host's
-        bad.append(("cpu kernel variant", str(expected), f"{loaded} (libraries loaded: "
+        bad.append(("cpu kernel variant", str(variant), f"{loaded} (libraries loaded: "
                     f"{', '.join((facts.get('cpu_kernels') or {}).get('loaded') or [])})"))
+    return bad
+
+
+def rocm_device(target: Target, torch: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """A ROCm oracle's device: torch built for HIP at the pinned version, and the first
+    visible GPU of the pinned arch (gcnArchName, target-id features such as
+    ``:sramecc+:xnack-`` aside) and name."""
+    bad = []
+    hip = torch.get("hip")
+    want_hip = target.hip_version or ""
+    if not hip or not (hip == want_hip or str(hip).startswith(want_hip + ".")):
+        bad.append(("torch.version.hip", f"{want_hip}.*", str(hip)))
+    devices = torch.get("devices") or []
+    want = f"{target.device_name or 'AMD GPU'} {target.gfx_arch}"
+    if not devices:
+        bad.append(("device", want, torch.get("cuda_error") or "no ROCm device visible"))
+    else:
+        d = devices[0]
+        arch = str(d.get("gcn_arch") or "").split(":", 1)[0]
+        if arch != target.gfx_arch or (target.device_name or "").lower() not in \
+                str(d.get("name", "")).lower():
+            bad.append(("device", want, f"{d.get('name')} ({d.get('gcn_arch') or 'no arch'})"))
     return bad
 
 
@@ -255,13 +270,18 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
     elif not staged:
         ident.files = files_check(venv, facts, deep=deep)
         ident.mismatches += ident.files.mismatches
+    libs = [e["path"] for e in facts.get("extensions", [])]
     if target.device == "cuda":
-        libs = [e["path"] for e in facts.get("extensions", [])]
-        ident.compiled_sm = cuobjdump_sm(libs)
+        ident.compiled_sm = archsets.cuobjdump_sm(libs)
         allowed = set(target.expected_sm)
         if not ident.compiled_sm or not set(ident.compiled_sm) <= allowed:
             ident.mismatches.append(("compiled sm", ", ".join(sorted(allowed)),
                                      ", ".join(ident.compiled_sm) or "none"))
+    elif target.device == "rocm":
+        found = archsets.offload_arches(libs, roc_obj_ls=host.rocm_tool(
+            "roc-obj-ls", target.rocm_home))
+        ident.compiled_sm = found.gfx
+        ident.mismatches += found.problems(target.expected_gfx)
     return ident
 
 

@@ -19,7 +19,7 @@ from oracle_build import build
 from oracle_build.build import checkout
 from oracle_build.cli import main
 from oracle_build.contracts.pins import External, load_pin
-from oracle_build.core.errors import Unestablished
+from oracle_build.core.errors import BadInput, Unestablished
 from tests.conftest import GPU_PIN, REPO
 
 TREE = REPO / "tests" / "data" / "vllm-src" / "0.32.0"
@@ -133,7 +133,9 @@ def test_externals_command_without_and_with_mirrors(tmp_path: Path,
 
 
 def test_build_requirements_from_pyproject_then_the_layout() -> None:
-    reqs, sources = checkout.build_requirements(TREE, device="cuda")
+    found = checkout.build_requirements(TREE, device="cuda")
+    reqs, sources = found.lines, found.sources
+    assert found.options == []
     assert sources == ["pyproject.toml [build-system] requires", "requirements/build/cuda.txt"]
     pyproject = tomllib.loads((TREE / "pyproject.toml").read_text())["build-system"]["requires"]
     assert reqs[:len(pyproject)] == pyproject  # PEP 518 first
@@ -144,10 +146,53 @@ def test_build_requirements_from_pyproject_then_the_layout() -> None:
     assert checkout.torch_disagreement(split.torch, "2.13.0+cu130") is None
     why = checkout.torch_disagreement(split.torch, "2.12.0+cu130")
     assert why == "the tree requires 'torch == 2.13.0', the pin installs torch 2.12.0+cu130"
-    cpu, cpu_sources = checkout.build_requirements(TREE, device="cpu")
+    cpu_found = checkout.build_requirements(TREE, device="cpu")
+    cpu, cpu_sources = cpu_found.lines, cpu_found.sources
     assert cpu_sources[1] == "requirements/build/cpu.txt"
     cpu_torch = checkout.split_torch(cpu, TREE / "pyproject.toml").torch
     assert checkout.torch_disagreement(cpu_torch, "2.13.0+cpu") is None
+
+
+def test_rocm_build_requirements_follow_includes_and_keep_the_index() -> None:
+    """requirements/build/rocm.txt as vLLM 0.32.0 ships it: `-r ../common.txt` followed,
+    AMD's `--extra-index-url` kept for the install, its torch left to the pin (and checked
+    against the gfx1100 target's torch)."""
+    found = checkout.build_requirements(TREE, device="rocm")
+    assert found.sources[1] == "requirements/build/rocm.txt"
+    assert found.sources[2] == "requirements/common.txt (-r from requirements/build/rocm.txt)"
+    assert found.options == ["--extra-index-url https://repo.amd.com/rocm/whl-multi-arch/"]
+    common = checkout.read_requirement_lines(TREE / "requirements" / "common.txt").lines
+    assert common and all(line in found.file for line in common)
+    facts = checkout.read_checkout(TREE, device="rocm", machine="x86_64")
+    reqs = facts.requirements
+    assert reqs is not None and reqs.options == found.options
+    # the tree disagrees with itself: pyproject says torch == 2.13.0 (CUDA's), the ROCm file
+    # torch==2.12.0+rocm7.14.0; a build without isolation uses the file's
+    assert "torch == 2.13.0" in found.pyproject
+    assert reqs.torch == ["torch==2.12.0+rocm7.14.0"]
+    assert "triton==3.7.1+git0263a6a6" in reqs.lines and "amdsmi==7.0.2" in reqs.lines
+    assert not any(line.startswith("torch=") or line.startswith("torch ")
+                   for line in reqs.lines)
+    assert checkout.torch_disagreement(reqs.torch, "2.12.0+rocm7.14.0") is None
+    why = checkout.torch_disagreement(reqs.torch, "2.13.0+rocm7.2")
+    assert why == ("the tree requires 'torch==2.12.0+rocm7.14.0', the pin installs torch "
+                   "2.13.0+rocm7.2")
+
+
+def test_requirement_includes_cycles_and_unknown_options(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("-r b.txt\nfoo==1\n")
+    (tmp_path / "b.txt").write_text("--index-url https://example.invalid/simple\n-r a.txt\n")
+    with pytest.raises(BadInput, match="includes itself"):
+        checkout.read_requirement_lines(tmp_path / "a.txt")
+    (tmp_path / "c.txt").write_text("--pre\nfoo\n")
+    with pytest.raises(BadInput, match="--pre"):
+        checkout.read_requirement_lines(tmp_path / "c.txt")
+    (tmp_path / "d.txt").write_text("-i https://x.invalid/simple\n-r e.txt  # base\nbar\n")
+    (tmp_path / "e.txt").write_text("baz>=2\n")
+    read = checkout.read_requirement_lines(tmp_path / "d.txt")
+    assert read.lines == ["baz>=2", "bar"] and read.options == [
+        "--index-url https://x.invalid/simple"]
+    assert read.included == [(tmp_path / "e.txt").resolve()]
 
 
 def test_switches_rust_and_commit_id_from_the_tree() -> None:

@@ -27,9 +27,15 @@ def test_shipped_pins_load() -> None:
     assert gpu.model.vllm.runtime_version == "0.23.1rc1.dev1511+g555967922"
     assert gpu.model.packages == {"transformers": "5.14.1", "flashinfer-python": "0.6.15.post1"}
     assert gpu.model.torch is not None and gpu.model.torch.version == "2.13.0+cu130"
-    assert set(gpu.model.targets) == {"sm_121", "sm_110"}
+    assert set(gpu.model.targets) == {"sm_121", "sm_110", "gfx1100"}
     assert gpu.model.targets["sm_121"].compute_capability == "12.1"
     assert gpu.model.targets["sm_110"].compute_capability == "11.0"
+    amd = gpu.model.targets["gfx1100"]
+    assert (amd.device, amd.machine, amd.gfx_arch, amd.expected_gfx) == (
+        "rocm", "x86_64", "gfx1100", ["gfx1100"])
+    assert gpu.torch_for(amd) is amd.torch and amd.torch is not None
+    assert amd.torch.version == "2.13.0+rocm7.2"
+    assert gpu.torch_for(gpu.model.targets["sm_121"]) is gpu.model.torch
 
 
 def test_content_hash_is_stable_and_sensitive(tmp_path: Path) -> None:

@@ -393,12 +393,27 @@ def _declared(cmd: Command, scope: Scope, lines: list[str], checkout: Path,
 # ----------------------------------------------------------------------------- the rest
 
 
+@dataclass(frozen=True)
+class BuildRequirements:
+    pyproject: list[str]  # [build-system] requires
+    file: list[str]  # the requirements file's lines, its -r includes followed
+    sources: list[str]
+    options: list[str]  # index options the file names
+
+    @property
+    def lines(self) -> list[str]:
+        return [*self.pyproject, *self.file]
+
+
 def build_requirements(checkout: Path, *, device: str,
-                       preferred: str = "auto") -> tuple[list[str], list[str]]:
-    """(requirements, sources): pyproject.toml's [build-system] requires first, then the
-    ``preferred`` requirements file if the tree has it, else the one it has for the device."""
+                       preferred: str = "auto") -> BuildRequirements:
+    """pyproject.toml's [build-system] requires first, then the ``preferred`` requirements
+    file if the tree has it, else the one it has for the device, its ``-r`` includes
+    followed and its index options kept."""
     sources = []
-    reqs: list[str] = []
+    pyproject_reqs: list[str] = []
+    file_reqs: list[str] = []
+    options: list[str] = []
     pyproject = checkout / "pyproject.toml"
     if pyproject.is_file():
         try:
@@ -407,30 +422,71 @@ def build_requirements(checkout: Path, *, device: str,
             raise BadInput(pyproject, [("<syntax>", f"not valid TOML: {exc}")]) from None
         requires = data.get("build-system", {}).get("requires")
         if isinstance(requires, list):
-            reqs += [str(r) for r in requires]
+            pyproject_reqs = [str(r) for r in requires]
             sources.append("pyproject.toml [build-system] requires")
     layout = [f"requirements/build/{device}.txt", "requirements/build.txt"]
     for rel in ([preferred] if preferred != "auto" else []) + layout:
         if (checkout / rel).is_file():
-            reqs += read_requirement_lines(checkout / rel)
+            read = read_requirement_lines(checkout / rel)
+            file_reqs, options = read.lines, read.options
             sources.append(rel)
+            sources += [f"{inc.relative_to(checkout.resolve())} (-r from {rel})"
+                        for inc in read.included]
             break
     if not sources:
         raise BadInput(checkout, [("pyproject.toml", "no [build-system] requires and no "
                                    "requirements/build file: cannot tell the build's needs")])
-    return reqs, sources
+    return BuildRequirements(pyproject_reqs, file_reqs, sources, options)
 
 
-def read_requirement_lines(path: Path) -> list[str]:
-    out = []
+# pip options a requirements file may carry that say where packages come from: kept (the
+# build installs with them), never a reason to refuse the file
+INDEX_OPTIONS = ("--extra-index-url", "--index-url", "-i", "--find-links", "-f")
+
+
+@dataclass(frozen=True)
+class ReadRequirements:
+    lines: list[str]
+    options: list[str]  # "--extra-index-url URL", in the order met
+    included: list[Path]  # files reached through -r
+
+
+def read_requirement_lines(path: Path, *, _stack: tuple[Path, ...] = ()) -> ReadRequirements:
+    """A requirements file as pip reads it: comments dropped, ``-r FILE`` followed
+    (relative to the file; a cycle is an error), index options kept; any other option
+    line is refused, naming it."""
+    path = path.resolve()
+    if path in _stack:
+        raise BadInput(path, [("-r", "includes itself (a cycle through "
+                               + " -> ".join(p.name for p in _stack) + ")")])
+    lines: list[str] = []
+    options: list[str] = []
+    included: list[Path] = []
     for raw in path.read_text().splitlines():
         line = raw.split(" #", 1)[0].split("\t#", 1)[0].strip()
         if not line or line.startswith("#"):
             continue
         if line.startswith("-"):
-            raise BadInput(path, [(line[:40], "option lines are not followed")])
-        out.append(line)
-    return out
+            flag, _, value = line.replace("=", " ", 1).partition(" ")
+            value = value.strip()
+            if flag in ("-r", "--requirement") and value:
+                target = (path.parent / value).resolve()
+                if not target.is_file():
+                    raise BadInput(path, [(line[:60], f"{target} not found")])
+                inner = read_requirement_lines(target, _stack=(*_stack, path))
+                lines += inner.lines
+                options += [o for o in inner.options if o not in options]
+                included += [target, *inner.included]
+                continue
+            if flag in INDEX_OPTIONS and value:
+                long = {"-i": "--index-url", "-f": "--find-links"}.get(flag, flag)
+                if f"{long} {value}" not in options:
+                    options.append(f"{long} {value}")
+                continue
+            raise BadInput(path, [(line[:40], "option lines other than -r and index options "
+                                   "are not followed")])
+        lines.append(line)
+    return ReadRequirements(lines, options, included)
 
 
 @dataclass(frozen=True)
@@ -438,6 +494,7 @@ class Requirements:
     lines: list[str]  # torch dropped; one line per distinct requirement, first source wins
     torch: list[str]  # the tree's torch requirements, as written
     sources: list[str]
+    options: list[str] = field(default_factory=list)  # index options the tree's files name
 
 
 def split_torch(reqs: list[str], path: Path) -> Requirements:
@@ -536,10 +593,14 @@ def read_checkout(checkout: Path, *, device: str, machine: str,
                 d for d in scan_externals(checkout, device=other, machine=machine)
                 if d.name not in names]
     facts.switches = precompiled_switches(checkout)
-    reqs, sources = build_requirements(checkout, device=device,
-                                       preferred=preferred_requirements)
-    split = split_torch(reqs, checkout / "pyproject.toml")
-    facts.requirements = Requirements(split.lines, split.torch, sources)
+    found = build_requirements(checkout, device=device, preferred=preferred_requirements)
+    split = split_torch(found.lines, checkout / "pyproject.toml")
+    # The build runs without isolation: the device file's torch is the one its build uses
+    # (vLLM 0.32.0's pyproject says torch == 2.13.0, its ROCm file torch==2.12.0+rocm7.14.0);
+    # pyproject's decides only when the file names none.
+    file_torch = split_torch(found.file, checkout / "pyproject.toml").torch
+    facts.requirements = Requirements(split.lines, file_torch or split.torch, found.sources,
+                                      found.options)
     facts.rust = rust_facts(checkout)
     facts.commit_id = version_commit_id(checkout)
     return facts

@@ -84,7 +84,9 @@ class Plan:
                      else f"wheel {src.distribution}=={src.version} sha256:{src.sha256}"),
             "expected_runtime_version": self.pin.expected_runtime_version(),
             "python": self.pin.model.python,
-            "torch": self.pin.model.torch.version if self.pin.model.torch else None,
+            "torch": (torch.version if (torch := self.pin.torch_for(self.target)) else None),
+            "expected_distribution_version": self.pin.expected_distribution_version(
+                self.target),
             "packages": dict(self.pin.model.packages),
             "venv": str(self.venv),
             "staging": str(self.staging),
@@ -128,6 +130,10 @@ def wheel_build_env(pin: Pin, target: Target, externals: dict[str, str]) -> dict
     env.update(target.build_env)
     if target.device == "cuda" and target.torch_cuda_arch_list:
         env["TORCH_CUDA_ARCH_LIST"] = target.torch_cuda_arch_list
+    if target.device == "rocm":
+        env["VLLM_TARGET_DEVICE"] = "rocm"
+        env["PYTORCH_ROCM_ARCH"] = target.pytorch_rocm_arch or ""
+        env.setdefault("ROCM_HOME", target.rocm_home or "/opt/rocm")
     if pin.model.build.cmake_args:
         env["CMAKE_ARGS"] = " ".join(pin.model.build.cmake_args)
     env.update(externals)
@@ -159,7 +165,8 @@ def _download(listing: Path, dest: Path, *, index: str | None, when: str) -> Cmd
     return Cmd(argv, what="pip download", when=when)
 
 
-def fetch_commands(plan_files: Callable[[str], Path], wh: Wheelhouse, pin: Pin) -> list[Cmd]:
+def fetch_commands(plan_files: Callable[[str], Path], wh: Wheelhouse, pin: Pin,
+                   target: Target) -> list[Cmd]:
     """Where a wheel comes from does not matter, only its hash: first this host's pip
     configuration (PyPI, local mirrors, find-links); the pin's torch index only for torch,
     and only if torch is still missing (an unreachable index is retried per package)."""
@@ -168,10 +175,10 @@ def fetch_commands(plan_files: Callable[[str], Path], wh: Wheelhouse, pin: Pin) 
                       "(they are listed in that file)"),
             _download(plan_files("download-torch.txt"), wh.incoming, index=None,
                       when="if torch is missing from the wheelhouse")]
-    if pin.model.torch is not None:
+    torch = pin.torch_for(target)
+    if torch is not None:
         cmds.append(_download(plan_files("download-torch.txt"), wh.incoming,
-                              index=pin.model.torch.index,
-                              when="if torch is still missing after that"))
+                              index=torch.index, when="if torch is still missing after that"))
     return cmds
 
 
@@ -199,13 +206,14 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                        "-r", str(files("requirements.lock.txt")))
 
     steps.append(Step("preflight", "disk space, Python, host memory; for CUDA the toolkit, "
-                      "nvcc and driver", act.preflight))
+                      "nvcc and driver; for ROCm hipcc, its HIP version and the amdgpu driver",
+                      act.preflight))
     steps.append(Step("venv", f"create the staging venv (python {pin.model.python})",
                       act.commands, [_uv("venv", "--python", pin.model.python, "--no-project",
                                          str(svenv))]))
     fetch = Step("fetch", f"put every locked wheel in the wheelhouse {wh.root}, each checked "
                  "against its sha256 (download only what is missing or bad)", act.fetch,
-                 fetch_commands(files, wh, pin))
+                 fetch_commands(files, wh, pin, target))
 
     if isinstance(src, WheelSource):
         steps.append(fetch)
@@ -213,7 +221,9 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                           act.install_locked, [lock_install]))
     else:
         assert isinstance(src, GitSource)
-        built = (wh.find_built(src.distribution, src.expected_distribution_version)
+        dist_version = pin.expected_distribution_version(target)
+        torch = pin.torch_for(target)
+        built = (wh.find_built(src.distribution, dist_version)
                  if wh.manifest_path.exists() else None)
         from_wheelhouse = built is not None
         wheel_dir = wh.root if from_wheelhouse else staging / "dist"
@@ -228,7 +238,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                 switches = tuple(facts.switches)
                 source_blocked = pin_problems(
                     facts, list(pin.model.externals), pin.model.build.rust_frontend,
-                    pin.model.torch.version if pin.model.torch else None, target.machine)
+                    torch.version if torch else None, target.machine)
             else:
                 facts, switches, source_blocked = None, KNOWN_SWITCHES, []
             steps.append(Step(
@@ -258,12 +268,12 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                                   act.externals, ext_cmds, blocked))
             build_env = wheel_build_env(pin, target, ext_env)
             rust_env, rust_unset = rust_switches(pin.model.build.rust_frontend)
-            if pin.model.torch is not None:
+            if torch is not None:
                 steps.append(Step(
-                    "torch", f"install the pinned torch from {pin.model.torch.index}",
+                    "torch", f"install the pinned torch from {torch.index}",
                     act.commands, [_uv("pip", "install", "--python", py,
-                                       f"torch=={pin.model.torch.version}", "--index-url",
-                                       pin.model.torch.index)]))
+                                       f"torch=={torch.version}", "--index-url",
+                                       torch.index)]))
             reqs_about = ("pyproject.toml's [build-system] requires, then "
                           + (f"{pin.model.build.build_requirements} if the tree has it, else "
                              if pin.model.build.build_requirements != "auto" else "")
@@ -293,9 +303,11 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                 "check-wheel", "the wheel's version is the pin's distribution version; its "
                 "sha256 is recorded and the wheel kept in the wheelhouse"
                 + ("; the sm_XX set in the configure log and in the built libraries "
-                   "(cuobjdump --list-elf) is the target's" if target.device == "cuda" else ""),
+                   "(cuobjdump --list-elf) is the target's" if target.device == "cuda" else "")
+                + ("; the gfx set in the built libraries' offload bundles is exactly "
+                   f"{', '.join(target.expected_gfx)}" if target.device == "rocm" else ""),
                 act.check_wheel))
-        vllm_req = f"{src.distribution}=={src.expected_distribution_version}"
+        vllm_req = f"{src.distribution}=={dist_version}"
         if pin.lock_entries is not None:
             steps.append(fetch)
             install_cmds = [_uv("pip", "install", "--python", py, "--offline", "--no-index",
@@ -304,9 +316,8 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
             about = "from the lock, offline"
         else:
             pinned = [f"{n}=={v}" for n, v in pin.model.packages.items()]
-            torch_args = ([f"torch=={pin.model.torch.version}", "--extra-index-url",
-                           pin.model.torch.index, "--index-strategy", "unsafe-best-match"]
-                          if pin.model.torch else [])
+            torch_args = ([f"torch=={torch.version}", "--extra-index-url", torch.index,
+                           "--index-strategy", "unsafe-best-match"] if torch else [])
             install_cmds = [_uv("pip", "install", "--python", py, "--find-links",
                                 str(wheel_dir), vllm_req, *pinned, *torch_args)]
             about = ("at the pin's exact versions (no lock: every installed distribution "

@@ -16,7 +16,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from oracle_build import host, identity
+from oracle_build import archsets, host, identity
 from oracle_build.build import checkout, record, source
 from oracle_build.build.plan import Plan, Step
 from oracle_build.build.wheelhouse import Wheelhouse
@@ -35,8 +35,8 @@ from oracle_build.core.layout import utc_now
 from oracle_build.core.log import Steps, say
 from oracle_build.oracle_venv import uv
 
-DISK_NEED_GIB = {"cpu": 8.0, "cuda": 60.0}
-BUILD_MEMORY_FLOOR_GIB = {"cpu": 2.0, "cuda": 16.0}
+DISK_NEED_GIB = {"cpu": 8.0, "cuda": 60.0, "rocm": 60.0}
+BUILD_MEMORY_FLOOR_GIB = {"cpu": 2.0, "cuda": 16.0, "rocm": 16.0}
 
 
 @dataclass
@@ -112,7 +112,35 @@ def preflight(state: BuildState, step: Step) -> None:
         facts["driver"] = host.host().driver
         if not host.host().gpus:
             raise PreflightFailed("no NVIDIA driver answers (nvidia-smi)")
+    if p.target.device == "rocm":
+        facts.update(rocm_preflight(p))
     state.facts["preflight"] = facts
+
+
+def rocm_preflight(p: Plan) -> dict[str, Any]:
+    """hipcc under ROCM_HOME and its HIP version (the pin's), and an amdgpu driver that
+    answers with an AMD GPU."""
+    rocm_home = p.build_env.get("ROCM_HOME") or environ.get("ROCM_HOME") or \
+        p.target.rocm_home or "/opt/rocm"
+    hipcc = Path(rocm_home) / "bin" / "hipcc"
+    if not hipcc.exists():
+        raise PreflightFailed(f"no hipcc under ROCM_HOME={rocm_home}",
+                              hint="run inside the ROCm base container, or fix the target's "
+                              "rocm_home / build_env ROCM_HOME")
+    answer = proc.query([str(hipcc), "--version"], env=envmod.build_env())
+    version = host.hip_version(answer.output)
+    want = p.target.hip_version or ""
+    if not version or not (version == want or version.startswith(want + ".")):
+        raise PreflightFailed(f"hipcc at {hipcc} reports HIP {version or '(none)'}; target "
+                              f"{p.target_name} pins HIP {want}",
+                              hint="use the ROCm userland the pin names (the ROCm base "
+                              "container's tag)")
+    amd = [g for g in host.host().gpus if g.vendor == "amd"]
+    if not amd:
+        raise PreflightFailed("no AMD GPU answers (rocminfo, amd-smi): is the amdgpu driver "
+                              "loaded and /dev/kfd passed into the container?")
+    return {"hipcc": str(hipcc), "hip_version": version, "driver": amd[0].driver,
+            "gpus": [f"{g.name} {g.arch}" for g in amd]}
 
 
 # ----------------------------------------------------------------------------- wheels
@@ -219,7 +247,7 @@ def source_(state: BuildState, step: Step) -> None:
     }
     problems = checkout.pin_problems(
         tree, list(p.pin.model.externals), p.pin.model.build.rust_frontend,
-        p.pin.model.torch.version if p.pin.model.torch else None, p.target.machine)
+        torch.version if (torch := p.pin.torch_for(p.target)) else None, p.target.machine)
     if problems:  # before configure: CMake would fetch, or fail deep in its own log
         raise SourceError("the pin and the checkout at its commit disagree:\n  "
                           + "\n  ".join(problems),
@@ -258,8 +286,10 @@ def build_requirements(state: BuildState, step: Step) -> None:
     p = state.plan
     assert state.tree is not None and state.tree.requirements is not None
     reqs = state.tree.requirements
-    p.file("build-requirements.txt").write_text("\n".join(reqs.lines) + "\n")
+    # the tree's index options first (a ROCm tree names AMD's wheel index), as pip reads them
+    p.file("build-requirements.txt").write_text("\n".join([*reqs.options, *reqs.lines]) + "\n")
     state.facts["build_requirements"] = reqs.lines
+    state.facts["build_requirement_options"] = reqs.options
     state.facts["build_requirement_sources"] = reqs.sources
     commands(state, step)
 
@@ -272,6 +302,9 @@ VERSION_HINTS = [
      "commit; if this is the intended toolkit, set the pin's distribution_version to it "
      "after review"),
     (re.compile(r"^0\.1\.dev"), "the clone had no tags or was shallow"),
+    (re.compile(r"[+.]rocm\d+"), "setup.py appends .rocm + the first three digits of ROCm's "
+     "version (librocm-core under ROCM_HOME, else torch.version.hip): this host's ROCm is not "
+     "the one the target's dist_version_suffix names"),
 ]
 
 
@@ -289,7 +322,7 @@ def check_wheel(state: BuildState, step: Step) -> None:
         raise BuildFailed(f"expected one wheel in {dist}, found {len(wheels)}")
     wheel = wheels[0]
     name, version, _b, _t = parse_wheel_filename(wheel.name)
-    want = src.expected_distribution_version
+    want = p.pin.expected_distribution_version(p.target)
     if canonicalize_name(name) != canonicalize_name(src.distribution) or str(version) != want:
         why = version_hint(str(version))
         raise BuildFailed(f"built {name} {version}, the pin expects {src.distribution} {want}"
@@ -316,6 +349,8 @@ def check_wheel(state: BuildState, step: Step) -> None:
                             "commit_id": f"g{m.group(1)}" if m else None}
     if p.target.device == "cuda":
         check_compiled_arches(state, wheel)
+    if p.target.device == "rocm":
+        check_offload_arches(state, wheel)
     p.wheelhouse.add(wheel, origin="built")
 
 
@@ -336,7 +371,7 @@ def check_compiled_arches(state: BuildState, wheel: Path) -> None:
             libs = [n for n in zf.namelist() if n.endswith(".so")]
             for n in libs:
                 zf.extract(n, tmp)
-        sms = identity.cuobjdump_sm([str(Path(tmp) / n) for n in libs])
+        sms = archsets.cuobjdump_sm([str(Path(tmp) / n) for n in libs])
     state.facts["compiled_arches"] = {"configure_log": cfg, "cuobjdump": sms}
     allowed = set(p.target.expected_sm)
     if not sms or not set(sms) <= allowed:
@@ -347,18 +382,41 @@ def check_compiled_arches(state: BuildState, wheel: Path) -> None:
             hint="check TORCH_CUDA_ARCH_LIST; some vLLM versions skip sm_12x kernels for '12.1a'")
 
 
+def check_offload_arches(state: BuildState, wheel: Path) -> None:
+    """The wheel's HIP offload bundles hold code for exactly the target's gfx set."""
+    p = state.plan
+    with tempfile.TemporaryDirectory(prefix="wheel-so-") as tmp:
+        with zipfile.ZipFile(wheel) as zf:
+            libs = [n for n in zf.namelist() if n.endswith(".so")]
+            for n in libs:
+                zf.extract(n, tmp)
+        found = archsets.offload_arches(
+            [str(Path(tmp) / n) for n in libs],
+            roc_obj_ls=host.rocm_tool("roc-obj-ls", p.target.rocm_home))
+        by_lib = {str(Path(k).relative_to(tmp)): v for k, v in found.by_library.items()}
+        problems = found.problems(p.target.expected_gfx)
+    state.facts["compiled_arches"] = {"offload_bundles": by_lib}
+    if problems:
+        raise BuildFailed(
+            "the wheel's HIP code is not the target's: " + "; ".join(
+                f"{f}: expected {e}, found {g}" for f, e, g in problems),
+            hint="check PYTORCH_ROCM_ARCH in the build environment (the target's "
+            "pytorch_rocm_arch)")
+
+
 def use_built(state: BuildState, step: Step) -> None:
     p = state.plan
     src = p.pin.model.vllm
     assert isinstance(src, GitSource)
-    wheel = p.wheelhouse.find_built(src.distribution, src.expected_distribution_version)
+    version = p.pin.expected_distribution_version(p.target)
+    wheel = p.wheelhouse.find_built(src.distribution, version)
     if wheel is None:
         raise BuildFailed("the wheelhouse's built vLLM wheel disappeared or was rejected",
                           hint="run the build again: it plans a build from source")
     state.wheel = wheel
     state.origin = "wheelhouse"
     state.facts["wheel"] = {"file": wheel.name, "sha256": sha256_file(wheel),
-                            "version": src.expected_distribution_version}
+                            "version": version}
 
 
 def install_built(state: BuildState, step: Step) -> None:

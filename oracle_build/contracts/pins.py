@@ -169,8 +169,13 @@ class External(Strict):
         return isinstance(self.commit, str)
 
 
+GFX = re.compile(r"^gfx[0-9a-f]{3,4}$")
+NEW_TARGET_FIELDS = ("gfx_arch", "pytorch_rocm_arch", "expected_gfx", "hip_version",
+                     "rocm_home", "dist_version_suffix", "torch")
+
+
 class Target(Strict):
-    device: Literal["cpu", "cuda"]
+    device: Literal["cpu", "cuda", "rocm"]
     machine: Literal["x86_64", "aarch64"]
     description: str | None = None
     compute_capability: str | None = None
@@ -182,6 +187,42 @@ class Target(Strict):
     env: dict[str, str] = Field(default_factory=dict)
     build_env: dict[str, str] = Field(default_factory=dict)
     engine_defaults: dict[str, Any] = Field(default_factory=dict)
+    # ROCm (device = "rocm"): the GPU's arch as rocminfo and torch's gcnArchName name it,
+    # PYTORCH_ROCM_ARCH for the build, the arch set vLLM's offload bundles must hold exactly,
+    # the HIP version torch.version.hip must start with, and where ROCm lives.
+    gfx_arch: str | None = None
+    pytorch_rocm_arch: str | None = None
+    expected_gfx: list[str] = Field(default_factory=list)
+    hip_version: str | None = None
+    rocm_home: str | None = None
+    # The suffix setup.py appends to this target's wheel version (".rocm723": ROCm 7.2.3 as
+    # librocm-core reports it); the wheel check accepts exactly that.
+    dist_version_suffix: str | None = Field(default=None, pattern=r"^[a-z]+[0-9]+$")
+    # This target's torch when it is not the pin's (a ROCm build of the same version)
+    torch: Torch | None = None
+
+    @model_validator(mode="after")
+    def _rocm_fields(self) -> Target:
+        if self.device == "rocm":
+            missing = [name for name in ("gfx_arch", "pytorch_rocm_arch", "hip_version")
+                       if getattr(self, name) is None]
+            if not self.expected_gfx:
+                missing.append("expected_gfx")
+            if missing:
+                raise ValueError(f"a rocm target needs {', '.join(missing)}")
+            for arch in [self.gfx_arch, *self.expected_gfx,
+                         *(self.pytorch_rocm_arch or "").split(";")]:
+                if not GFX.match(arch or ""):
+                    raise ValueError(f"{arch!r} is not an AMD GPU arch like 'gfx1100'")
+            if set((self.pytorch_rocm_arch or "").split(";")) != set(self.expected_gfx):
+                raise ValueError(f"pytorch_rocm_arch {self.pytorch_rocm_arch!r} builds another "
+                                 f"arch set than expected_gfx {self.expected_gfx}")
+            if not re.fullmatch(r"\d+\.\d+(\.\d+)?", self.hip_version or ""):
+                raise ValueError("hip_version must look like '7.2' or '7.2.5'")
+        elif any(getattr(self, n) for n in NEW_TARGET_FIELDS[:5]):
+            raise ValueError(f"gfx_arch, pytorch_rocm_arch, expected_gfx, hip_version and "
+                             f"rocm_home are for rocm targets, not {self.device}")
+        return self
 
     @model_validator(mode="after")
     def _cuda_fields(self) -> Target:
@@ -316,12 +357,27 @@ class Pin:
                 [(f"targets.{name}", f"no such target; this pin has {sorted(self.model.targets)}")],
             ) from None
 
-    def expected_versions(self) -> dict[str, str]:
+    def torch_for(self, target: Target) -> Torch | None:
+        """The torch a target installs: its own (a ROCm build), else the pin's."""
+        return target.torch or self.model.torch
+
+    def expected_distribution_version(self, target: Target) -> str:
+        """The vLLM wheel's version for this target: the pin's, plus the target's suffix
+        as setup.py appends it ('+' when the version has no local part, else '.')."""
+        base = self.model.vllm.expected_distribution_version
+        suffix = target.dist_version_suffix
+        if suffix is None:
+            return base
+        return f"{base}{'.' if '+' in base else '+'}{suffix}"
+
+    def expected_versions(self, target: Target | None = None) -> dict[str, str]:
         """Every distribution whose version identity checks: vllm, torch, packages."""
-        out: dict[str, str] = {str(canonicalize_name(self.model.vllm.distribution)): (
-            self.model.vllm.expected_distribution_version)}
-        if self.model.torch is not None:
-            out["torch"] = self.model.torch.version
+        vllm = (self.expected_distribution_version(target) if target is not None
+                else self.model.vllm.expected_distribution_version)
+        out: dict[str, str] = {str(canonicalize_name(self.model.vllm.distribution)): vllm}
+        torch = self.torch_for(target) if target is not None else self.model.torch
+        if torch is not None:
+            out["torch"] = torch.version
         for name, version in self.model.packages.items():
             out[str(canonicalize_name(name))] = version
         return out
@@ -389,6 +445,10 @@ def hashed_form(model: PinModel) -> dict[str, Any]:
     for ext in data["externals"]:
         if ext.get("tag") is None:
             ext.pop("tag", None)
+    for target in data["targets"].values():
+        for name in NEW_TARGET_FIELDS:
+            if target.get(name) in (None, []):
+                target.pop(name, None)
     return data
 
 

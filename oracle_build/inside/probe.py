@@ -77,16 +77,21 @@ def module_facts(name):
     }
     if name == "torch":
         facts["cuda"] = getattr(module.version, "cuda", None)
+        # a ROCm build of torch: the HIP version, and each device's gfx arch (ROCm torch
+        # answers through the torch.cuda API)
+        facts["hip"] = getattr(module.version, "hip", None)
         try:
             facts["cuda_available"] = bool(module.cuda.is_available())
             if facts["cuda_available"]:
-                facts["devices"] = [
-                    {
-                        "name": module.cuda.get_device_name(i),
-                        "capability": "%d.%d" % module.cuda.get_device_capability(i),
-                    }
-                    for i in range(module.cuda.device_count())
-                ]
+                devices = []
+                for i in range(module.cuda.device_count()):
+                    d = {"name": module.cuda.get_device_name(i),
+                         "capability": "%d.%d" % module.cuda.get_device_capability(i)}
+                    if facts["hip"]:
+                        arch = getattr(module.cuda.get_device_properties(i), "gcnArchName", "")
+                        d["gcn_arch"] = arch
+                    devices.append(d)
+                facts["devices"] = devices
         except BaseException as exc:
             facts["cuda_error"] = "%s: %s" % (type(exc).__name__, exc)
     return facts
