@@ -84,8 +84,9 @@ class OffloadArches:
         """(field, expected, found) for each way the set differs from ``expected``."""
         want = ", ".join(sorted(expected))
         out = []
-        if not self.by_library:
-            out.append(("compiled gfx (offload bundles)", want, "no HIP code found"))
+        if not self.gfx:
+            out.append(("compiled gfx (offload bundles)", want,
+                        "no gfx code found (no bundle, or host code only)"))
         elif set(self.gfx) != set(expected):
             out.append(("compiled gfx (offload bundles)", want, ", ".join(self.gfx)))
         for lib in self.unlisted:

@@ -680,7 +680,8 @@ def externals_block(checkout: Path, *, device: str, machine: str,
     for dec in facts.externals:
         lines += ["", "[[externals]]", f"name = {_toml_str(dec.name)}",
                   f"repository = {_toml_str(dec.repository or '')}",
-                  f"src_dir_var = {_toml_str(dec.src_dir_var or '')}"]
+                  f"src_dir_var = {_toml_str(dec.src_dir_var or '')}",
+                  f"devices = [{_toml_str(device)}]"]
         if not dec.src_dir_var:
             missing.append(f"{dec.name}: no *_SRC_DIR variable found near {dec.source}")
         commit = None

@@ -237,7 +237,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                                       preferred_requirements=pin.model.build.build_requirements)
                 switches = tuple(facts.switches)
                 source_blocked = pin_problems(
-                    facts, list(pin.model.externals), pin.model.build.rust_frontend,
+                    facts, pin.externals_for(target), pin.model.build.rust_frontend,
                     torch.version if torch else None, target.machine)
             else:
                 facts, switches, source_blocked = None, KNOWN_SWITCHES, []
@@ -250,7 +250,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
             blocked = []
             ext_cmds: list[Cmd] = []
             ext_env: dict[str, str] = {}
-            for ext in pin.model.externals:
+            for ext in pin.externals_for(target):
                 local = staging / "externals" / ext.name
                 ext_env[ext.src_dir_var] = str(local)
                 if not ext.established:
@@ -259,7 +259,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                     continue
                 origin_ext = str(externals_dir / ext.name) if externals_dir else ext.repository
                 ext_cmds += source.clone_commands(origin_ext, local, str(ext.commit))
-            if pin.model.externals:
+            if pin.externals_for(target):
                 if externals_dir is None:
                     blocked.append("no --externals DIR of local mirrors given; with "
                                    "FETCHCONTENT_FULLY_DISCONNECTED=ON CMake cannot fetch them")

@@ -246,7 +246,7 @@ def source_(state: BuildState, step: Step) -> None:
         "rust": tree.rust.__dict__ if tree.rust else None,
     }
     problems = checkout.pin_problems(
-        tree, list(p.pin.model.externals), p.pin.model.build.rust_frontend,
+        tree, p.pin.externals_for(p.target), p.pin.model.build.rust_frontend,
         torch.version if (torch := p.pin.torch_for(p.target)) else None, p.target.machine)
     if problems:  # before configure: CMake would fetch, or fail deep in its own log
         raise SourceError("the pin and the checkout at its commit disagree:\n  "
@@ -263,7 +263,7 @@ def source_(state: BuildState, step: Step) -> None:
 
 def externals(state: BuildState, step: Step) -> None:
     p = state.plan
-    for ext in p.pin.model.externals:
+    for ext in p.pin.externals_for(p.target):
         assert isinstance(ext.commit, str)
         origin = str(p.externals_dir / ext.name) if p.externals_dir else ext.repository
         dest = p.staging / "externals" / ext.name

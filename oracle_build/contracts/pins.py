@@ -163,10 +163,16 @@ class External(Strict):
     # commit is then that tag resolved in a mirror, and the build checks both
     tag: str | None = None
     source: str | None = None  # where it was read (cmake file:line at the pin)
+    # the devices whose build fetches it (vLLM's cmake declares triton_kernels at one tag
+    # for CUDA and at another commit for ROCm); None: every device
+    devices: list[Literal["cpu", "cuda", "rocm"]] | None = None
 
     @property
     def established(self) -> bool:
         return isinstance(self.commit, str)
+
+    def fetched_by(self, device: str) -> bool:
+        return self.devices is None or device in self.devices
 
 
 GFX = re.compile(r"^gfx[0-9a-f]{3,4}$")
@@ -273,6 +279,12 @@ class PinModel(Strict):
             dist_name(name)
         if not self.targets:
             raise ValueError("a pin needs at least one target")
+        for device in ("cpu", "cuda", "rocm"):
+            names = [e.name for e in self.externals if e.fetched_by(device)]
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                raise ValueError(f"externals {twice} are listed twice for a {device} build "
+                                 "(give each its devices)")
         return self
 
 
@@ -356,6 +368,10 @@ class Pin:
                 self.path,
                 [(f"targets.{name}", f"no such target; this pin has {sorted(self.model.targets)}")],
             ) from None
+
+    def externals_for(self, target: Target) -> list[External]:
+        """The CMake externals a build for ``target`` fetches."""
+        return [e for e in self.model.externals if e.fetched_by(target.device)]
 
     def torch_for(self, target: Target) -> Torch | None:
         """The torch a target installs: its own (a ROCm build), else the pin's."""
@@ -443,8 +459,9 @@ def hashed_form(model: PinModel) -> dict[str, Any]:
     if data["build"].get("rust_frontend") is None:
         data["build"].pop("rust_frontend", None)
     for ext in data["externals"]:
-        if ext.get("tag") is None:
-            ext.pop("tag", None)
+        for name in ("tag", "devices"):
+            if ext.get(name) is None:
+                ext.pop(name, None)
     for target in data["targets"].values():
         for name in NEW_TARGET_FIELDS:
             if target.get(name) in (None, []):
