@@ -96,7 +96,8 @@ class Identity:
 def probe_args(target: Target) -> list[str]:
     """What probe.py (alone, or in the engine host) is told: kernel check, device, the
     environment prefixes it records."""
-    return [target.kernel_check, "cuda" if target.device == "cuda" else "cpu",
+    # ROCm's torch runs HIP through the torch.cuda API: its device is "cuda" too
+    return [target.kernel_check, "cuda" if target.device in ("cuda", "rocm") else "cpu",
             ",".join(RECORDED_PREFIXES)]
 
 
