@@ -16,6 +16,7 @@ import base64
 import csv
 import io
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -95,12 +96,30 @@ def _venv_file(rel: str) -> bool:
     return len(parts) == 2 and parts[0] == "bin" and parts[1].startswith(VENV_BIN)
 
 
+Hashed = dict[str, tuple[int, int, str]]  # relative path -> (size, mtime_ns, sha256)
+
+
+def hash_files(venv: Path, stop: threading.Event | None = None) -> Hashed:
+    """Every identity file's sha256 with the size and mtime it had when hashed: the build
+    hashes the venv while its identity probe imports vLLM (two cores, two jobs), and
+    ``build`` takes a digest from here only for a file whose size and mtime are unchanged."""
+    out: Hashed = {}
+    for rel, st, is_link in walk(venv):
+        if stop is not None and stop.is_set():  # the step failed or was interrupted
+            break
+        if not is_link:
+            out[rel] = (st.st_size, st.st_mtime_ns, sha256_file(venv / rel))
+    return out
+
+
 def build(venv: Path, *, relocated: dict[str, str] | None = None,
-          startup: dict[str, str] | None = None) -> dict[str, Any]:
+          startup: dict[str, str] | None = None, hashed: Hashed | None = None
+          ) -> dict[str, Any]:
     """Hash every file of ``venv`` and check each against its wheel's RECORD.
     ``relocated``: files whose shebang was rewritten for the final path, with the hash they
-    had when installed (what RECORD holds)."""
+    had when installed (what RECORD holds). ``hashed``: digests taken earlier (hash_files)."""
     relocated = relocated or {}
+    hashed = hashed or {}
     listed = records(venv)
     files: dict[str, dict[str, Any]] = {}
     links: dict[str, str] = {}
@@ -109,7 +128,9 @@ def build(venv: Path, *, relocated: dict[str, str] | None = None,
         if is_link:
             links[rel] = os.readlink(venv / rel)
             continue
-        digest = sha256_file(venv / rel)
+        earlier = hashed.get(rel)
+        digest = earlier[2] if earlier is not None and earlier[:2] == (
+            st.st_size, st.st_mtime_ns) else sha256_file(venv / rel)
         dist, recorded = listed.get(rel, (None, None))
         installed = relocated.get(rel, digest)
         if recorded is not None and recorded != installed:

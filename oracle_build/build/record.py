@@ -78,7 +78,8 @@ def publish(state: BuildState) -> identity.Identity:
     start = time.monotonic()
     relocated = staged.retarget_scripts(p.venv)
     files = manifest.build(p.staging_venv, relocated=relocated,
-                           startup=manifest.outside_startup(ident.facts, p.staging_venv))
+                           startup=manifest.outside_startup(ident.facts, p.staging_venv),
+                           hashed=state.hashed)
     atomic_write_json(manifest.path(p.staging_venv), files)
     moved["manifest"] = {"files": len(files["files"]), "symlinks": len(files["symlinks"]),
                          "bytes": sum(f["size"] for f in files["files"].values()),

@@ -8,7 +8,9 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+import threading
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from os import environ
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from oracle_build import archsets, host, identity
+from oracle_build import archsets, host, identity, manifest
 from oracle_build.build import checkout, record, source
 from oracle_build.build.plan import Plan, Step
 from oracle_build.build.wheelhouse import Wheelhouse
@@ -48,6 +50,7 @@ class BuildState:
     origin: str = "wheelhouse"
     identity: identity.Identity | None = None
     tree: checkout.CheckoutFacts | None = None  # what the source step read from the clone
+    hashed: manifest.Hashed | None = None  # the venv's files, hashed during the identity step
 
 
 def _run(state: BuildState, cmd: proc.Cmd, *, check: bool = True,
@@ -432,8 +435,18 @@ def install_built(state: BuildState, step: Step) -> None:
 
 
 def identity_(state: BuildState, step: Step) -> None:
+    """The staged venv's identity; meanwhile (a second core) every file is hashed for the
+    manifest the publish step writes."""
     p = state.plan
-    ident = identity.check(p.pin, p.target, p.staging_venv, log=p.log, staged=True)
+    stop = threading.Event()
+    with ThreadPoolExecutor(1, thread_name_prefix="hash") as pool:
+        hashing = pool.submit(manifest.hash_files, p.staging_venv, stop)
+        try:
+            ident = identity.check(p.pin, p.target, p.staging_venv, log=p.log, staged=True)
+        except BaseException:
+            stop.set()  # a failed or interrupted step does not wait for 3 GB of hashing
+            raise
+        state.hashed = hashing.result()
     if not ident.ok:
         raise IdentityMismatch(ident.mismatches, where=str(p.staging_venv))
     state.identity = ident
