@@ -182,3 +182,33 @@ def planned_and_executed(build_log: Path) -> tuple[set[str], list[str]]:
         elif line.startswith("$ ") and not any(q in line for q in READ_ONLY):
             executed.append(line[2:])
     return planned, executed
+
+
+# The JUnit schema CI reporters follow: Surefire's junit-10.xsd, which pytest validates its
+# own junitxml against. It ships in pytest's sdist (testing/example_scripts/), fetched from
+# the package registry by its sha256 and kept outside the repository.
+JUNIT_SDIST = ("pytest==8.3.4",
+               "965370d062bce11e73868e0335abac31b4d3de0e82f4007408d242b4f8610761")
+JUNIT_MEMBER = "pytest-8.3.4/testing/example_scripts/junit-10.xsd"
+
+
+@pytest.fixture(scope="session")
+def junit_xsd() -> Path:
+    import sys
+    import tarfile
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / \
+        "oracle-build-tests" / JUNIT_SDIST[1][:16]
+    xsd = cache / "junit-10.xsd"
+    if not xsd.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        req = cache / "requirements.txt"
+        req.write_text(f"{JUNIT_SDIST[0]} --hash=sha256:{JUNIT_SDIST[1]}\n")
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
+                        ":all:", "--require-hashes", "-q", "-r", str(req), "-d", str(cache)],
+                       check=True, timeout=300)
+        with tarfile.open(cache / "pytest-8.3.4.tar.gz") as tar:
+            member = tar.extractfile(JUNIT_MEMBER)
+            assert member is not None
+            xsd.write_bytes(member.read())
+    return xsd

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import xmlschema
 from packaging.utils import canonicalize_name
 
 from tests.conftest import CPU_PIN, REPO, BuiltOracle, copy_tree_for_golden
@@ -98,7 +99,8 @@ def test_harness_dependencies_have_aarch64_wheels(tmp_path: Path, python: str) -
 
 
 @pytest.mark.slow
-def test_verify_exit_codes_through_nox(cpu_oracle: BuiltOracle, tmp_path: Path) -> None:
+def test_verify_exit_codes_through_nox(cpu_oracle: BuiltOracle, tmp_path: Path,
+                                      junit_xsd: Path) -> None:
     """0 pass, 1 drift, 2 bad input, 3 identity, 4 configuration: what `nox -s verify`
     itself exits with, as a CI job sees it (real engine for 0, 1 and 4)."""
     folder = copy_tree_for_golden(tmp_path)
@@ -140,6 +142,7 @@ def test_verify_exit_codes_through_nox(cpu_oracle: BuiltOracle, tmp_path: Path) 
         if code == 2:
             assert not junit.exists()  # bad input: no report at all, not a half one
             continue
+        xmlschema.XMLSchema(str(junit_xsd)).validate(junit.read_text())  # CI's schema
         suites = ET.parse(junit).getroot()
         assert suites.tag == "testsuites" and suites.get("tests") == "3"
         cases_ = suites.findall("testsuite/testcase")

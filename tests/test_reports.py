@@ -1,0 +1,94 @@
+"""Reports CI systems read: verify's JUnit XML, valid against the JUnit schema CI reporters
+follow (Surefire's junit-10.xsd, as pytest checks its own junitxml), for every verdict kind;
+and the Markdown summary. Real files, no engine (the same reports through a real
+`nox -s verify` are tests/test_gate_host.py's)."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import xmlschema
+
+from oracle_build import report
+from oracle_build.contracts.reports import FieldDiff, GateVerdict, GoldenVerdict, VerifyReport
+from tests.conftest import TINY_SPEC
+
+GOLDEN = str(TINY_SPEC / "golden.json")
+
+
+def row(prompt: str, *, equal: bool = True) -> dict[str, object]:
+    if equal:
+        return {"prompt": prompt, "prompt_ids_equal": True, "tokens_equal": True,
+                "n_golden": 24, "n_new": 24, "index": None, "golden_token": None,
+                "new_token": None, "golden_margin": None, "new_margin": None,
+                "kind": "match"}
+    return {"prompt": prompt, "prompt_ids_equal": True, "tokens_equal": False,
+            "n_golden": 24, "n_new": 24, "index": 5, "golden_token": 17, "new_token": 42,
+            "golden_margin": 0.031, "new_margin": 0.002, "kind": "near_tie"}
+
+
+def every_kind() -> VerifyReport:
+    gate = GateVerdict(kind="strict", admissible=True, reason="strict token-exact",
+                       passed=True)
+    diff = FieldDiff(field="vllm", golden="0.32.0", current="0.31.0", cls="identity")
+    conf = FieldDiff(field="resolved.max_num_seqs", golden=8, current=4, cls="numerics")
+    goldens = [
+        GoldenVerdict(name="ok", path=GOLDEN, status="pass", gate=gate,
+                      tokens=[row("a"), row("b")]),
+        GoldenVerdict(name="moved", path=GOLDEN, status="drift", why="tokens differ",
+                      gate=gate.model_copy(update={"passed": False}),
+                      tokens=[row("a"), row("b", equal=False)]),
+        GoldenVerdict(name="other-oracle", path=GOLDEN, status="oracle_mismatch",
+                      why="not the golden's oracle", identity=[diff], adjudicable=False),
+        GoldenVerdict(name="config", path=GOLDEN, status="config_difference",
+                      why="configuration differs", configuration=[conf], adjudicable=False,
+                      tokens=[row("a"), row("b", equal=False)]),
+        GoldenVerdict(name="imported", path=GOLDEN, status="config_unrecorded",
+                      why="CONFIGURATION UNRECORDED", notes=["unrecorded engine: legacy"],
+                      adjudicable=False),
+        GoldenVerdict(name="elsewhere", path=GOLDEN, status="not_verifiable_here",
+                      why="target sm_121: needs GB10", adjudicable=False),
+    ]
+    return VerifyReport(report_schema=1, created_utc="20261201T000000Z", exit_code=3,
+                        goldens=goldens)
+
+
+def test_junit_xml_is_valid_for_every_verdict_kind(junit_xsd: Path, tmp_path: Path) -> None:
+    data = report.junit_xml(every_kind())
+    schema = xmlschema.XMLSchema(str(junit_xsd))
+    schema.validate(data.decode())  # raises naming the element and the rule
+    root = ET.fromstring(data)
+    suites = {s.get("name"): s for s in root.findall("testsuite")}
+    assert list(suites) == ["ok", "moved", "other-oracle", "config", "imported", "elsewhere"]
+    assert suites["ok"].get("file") == GOLDEN
+    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("15", "1", "8")
+    (failure,) = suites["moved"].findall("testcase/failure")
+    assert failure.get("message") == ("first divergence at position 5: golden token 17, new "
+                                      "token 42; golden margin 0.0310 nats, new margin "
+                                      "0.0020 nats; near_tie")
+    # not run: the golden's own prompts are the test cases
+    assert [c.get("name") for c in suites["other-oracle"].findall("testcase")] == [
+        "capital", "fibonacci", "ids"]
+    assert {e.get("type") for e in suites["other-oracle"].findall("testcase/error")} == {
+        "oracle_mismatch"}
+    assert len(suites["elsewhere"].findall("testcase/skipped")) == 3
+    assert suites["elsewhere"].get("skipped") == "3"
+    # the schema is a real check: what this writer once wrote (file on the testcase, a
+    # skipped total on testsuites) is refused by it
+    old = data.replace(b'<testsuites name=', b'<testsuites skipped="3" name=')
+    assert not schema.is_valid(old.decode())
+    case = ET.fromstring(data)
+    first = case.find("testsuite/testcase")
+    assert first is not None
+    first.set("file", GOLDEN)
+    assert not schema.is_valid(ET.tostring(case, encoding="unicode"))
+
+
+def test_summary_markdown_names_each_verdict() -> None:
+    text = report.summary_md(every_kind())
+    assert text.startswith("## oracle-build verify: exit 3")
+    for heading in ("### ok: PASS", "### moved: DRIFT", "### other-oracle: ORACLE MISMATCH",
+                    "### config: CONFIG DIFFERENCE", "### elsewhere: NOT VERIFIABLE HERE"):
+        assert heading in text, heading
+    assert "vllm" in text and "resolved.max_num_seqs" in text
