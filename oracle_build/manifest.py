@@ -96,20 +96,26 @@ def _venv_file(rel: str) -> bool:
     return len(parts) == 2 and parts[0] == "bin" and parts[1].startswith(VENV_BIN)
 
 
-Hashed = dict[str, tuple[int, int, str]]  # relative path -> (size, mtime_ns, sha256)
+@dataclass
+class Hashed:
+    """What ``build`` needs that can be read early: each file's sha256 with the size and
+    mtime it had when hashed, and the installed RECORDs."""
+
+    digests: dict[str, tuple[int, int, str]]  # relative path -> (size, mtime_ns, sha256)
+    records: dict[str, tuple[str, str | None]]
 
 
 def hash_files(venv: Path, stop: threading.Event | None = None) -> Hashed:
-    """Every identity file's sha256 with the size and mtime it had when hashed: the build
-    hashes the venv while its identity probe imports vLLM (two cores, two jobs), and
-    ``build`` takes a digest from here only for a file whose size and mtime are unchanged."""
-    out: Hashed = {}
+    """Every identity file's sha256, and the RECORDs: the build reads them while its
+    identity probe imports vLLM (two cores, two jobs); ``build`` takes a digest from here
+    only for a file whose size and mtime are unchanged since."""
+    out: dict[str, tuple[int, int, str]] = {}
     for rel, st, is_link in walk(venv):
         if stop is not None and stop.is_set():  # the step failed or was interrupted
             break
         if not is_link:
             out[rel] = (st.st_size, st.st_mtime_ns, sha256_file(venv / rel))
-    return out
+    return Hashed(out, records(venv))
 
 
 def build(venv: Path, *, relocated: dict[str, str] | None = None,
@@ -119,8 +125,8 @@ def build(venv: Path, *, relocated: dict[str, str] | None = None,
     ``relocated``: files whose shebang was rewritten for the final path, with the hash they
     had when installed (what RECORD holds). ``hashed``: digests taken earlier (hash_files)."""
     relocated = relocated or {}
-    hashed = hashed or {}
-    listed = records(venv)
+    digests = hashed.digests if hashed is not None else {}
+    listed = hashed.records if hashed is not None else records(venv)
     files: dict[str, dict[str, Any]] = {}
     links: dict[str, str] = {}
     bad = []
@@ -128,7 +134,7 @@ def build(venv: Path, *, relocated: dict[str, str] | None = None,
         if is_link:
             links[rel] = os.readlink(venv / rel)
             continue
-        earlier = hashed.get(rel)
+        earlier = digests.get(rel)
         digest = earlier[2] if earlier is not None and earlier[:2] == (
             st.st_size, st.st_mtime_ns) else sha256_file(venv / rel)
         dist, recorded = listed.get(rel, (None, None))
