@@ -166,6 +166,21 @@ def test_host_detection_from_rocminfo_and_amd_smi() -> None:
     assert not host.fits(pin.target("sm_121"), box)[0]
 
 
+def test_on_the_amd_box_the_default_pin_is_the_gpu_pin(monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    """`nox` with no --pin on the AMD box: pins/cpu.toml fits any x86_64 host too, but a pin
+    with a GPU target for this host comes first; its gfx1100 target is chosen."""
+    gpus = host.parse_rocminfo((DATA / "rocminfo-4x7900xtx.txt").read_text())
+    box = host.Host("x86_64", "Linux", gpus, 64 << 30, 128 << 30, "x86_64-avx512")
+    monkeypatch.setattr(host, "host", lambda: box)
+    monkeypatch.chdir(REPO)
+    from oracle_build import cli
+
+    path = cli._find_default_pin()
+    assert path.name == GPU_PIN.name
+    assert host.choose_target(load_pin(path), box) == "gfx1100"
+
+
 def test_this_host_has_no_amd_gpu_and_the_build_is_refused_before_work(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["build", "--pin", str(GPU_PIN), "--target", "gfx1100", "--home",
