@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,6 +137,19 @@ class Oracles:
                                    hint="`build_oracle -- --rebuild` replaces a drifted "
                                    "oracle")
         return oracle
+
+
+@contextmanager
+def opened(home: Path, given: Oracles | None, *,
+           engine_for: tuple[str, str] | None) -> Iterator[Oracles]:
+    """The caller's Oracles, or one of its own for a command whose engines will run
+    (``engine_for``: what and name of the first engine log) whose unused engine hosts are
+    ended on the way out."""
+    if given is not None:
+        yield given
+        return
+    with Oracles(home, engine=engine_for) as oracles:
+        yield oracles
 
 
 # ----------------------------------------------------------------------------- the model

@@ -199,19 +199,8 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any]) -> list
         elif not _under(got.get("file", ""), site_dirs):
             bad.append((f"{module} file", f"inside {site_dirs[0]}", str(got.get("file"))))
 
-    torch = mods.get("torch", {})
-    if target.device == "cuda":
-        devices = torch.get("devices") or []
-        want = f"{target.device_name} sm_{(target.compute_capability or '').replace('.', '')}"
-        if not devices:
-            bad.append(("device", want, torch.get("cuda_error") or "no CUDA device visible"))
-        else:
-            d = devices[0]
-            if (target.device_name or "").lower() not in d["name"].lower() or (
-                    d["capability"] != target.compute_capability):
-                bad.append(("device", want, f"{d['name']} ({d['capability']})"))
-    elif target.device == "rocm":
-        bad += rocm_device(target, torch)
+    if target.device in ("cuda", "rocm"):
+        bad += gpu_device(target, mods.get("torch", {}))
     if target.device != "cuda" and facts.get("machine") != target.machine:
         bad.append(("machine", target.machine, str(facts.get("machine"))))
 
@@ -229,25 +218,37 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any]) -> list
     return bad
 
 
-def rocm_device(target: Target, torch: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """A ROCm oracle's device: torch built for HIP at the pinned version, and the first
-    visible GPU of the pinned arch (gcnArchName, target-id features such as
-    ``:sramecc+:xnack-`` aside) and name."""
+def gpu_device(target: Target, torch: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The first visible GPU against the target, as torch sees it: CUDA by name and compute
+    capability; ROCm by name and gfx arch (``gcnArchName``, target-id features such as
+    ``:sramecc+:xnack-`` aside), with torch built for the pinned HIP version."""
     bad = []
-    hip = torch.get("hip")
-    want_hip = target.hip_version or ""
-    if not hip or not (hip == want_hip or str(hip).startswith(want_hip + ".")):
-        bad.append(("torch.version.hip", f"{want_hip}.*", str(hip)))
-    devices = torch.get("devices") or []
-    want = f"{target.device_name or 'AMD GPU'} {target.gfx_arch}"
-    if not devices:
-        bad.append(("device", want, torch.get("cuda_error") or "no ROCm device visible"))
+    if target.device == "rocm":
+        hip, want_hip = torch.get("hip"), target.hip_version or ""
+        if not hip or not (hip == want_hip or str(hip).startswith(want_hip + ".")):
+            bad.append(("torch.version.hip", f"{want_hip}.*", str(hip)))
+        want, kind = f"{target.device_name or 'AMD GPU'} {target.gfx_arch}", "ROCm"
+
+        def same(d: dict[str, Any]) -> bool:
+            return str(d.get("gcn_arch") or "").split(":", 1)[0] == target.gfx_arch
+
+        def found(d: dict[str, Any]) -> str:
+            return f"{d.get('name')} ({d.get('gcn_arch') or 'no arch'})"
     else:
-        d = devices[0]
-        arch = str(d.get("gcn_arch") or "").split(":", 1)[0]
-        if arch != target.gfx_arch or (target.device_name or "").lower() not in \
-                str(d.get("name", "")).lower():
-            bad.append(("device", want, f"{d.get('name')} ({d.get('gcn_arch') or 'no arch'})"))
+        want = f"{target.device_name} sm_{(target.compute_capability or '').replace('.', '')}"
+        kind = "CUDA"
+
+        def same(d: dict[str, Any]) -> bool:
+            return d.get("capability") == target.compute_capability
+
+        def found(d: dict[str, Any]) -> str:
+            return f"{d.get('name')} ({d.get('capability')})"
+    devices = torch.get("devices") or []
+    if not devices:
+        bad.append(("device", want, torch.get("cuda_error") or f"no {kind} device visible"))
+    elif not same(devices[0]) or (target.device_name or "").lower() not in str(
+            devices[0].get("name", "")).lower():
+        bad.append(("device", want, found(devices[0])))
     return bad
 
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from oracle_build.core import safetensors
 from oracle_build.core.files import atomic_write_bytes, sha256_file
 
 NAME = "tiny-llama-v1"
@@ -86,22 +86,12 @@ def _tensors() -> dict[str, np.ndarray]:
 
 
 def safetensors_bytes(tensors: dict[str, np.ndarray], *, generator: str = NAME) -> bytes:
-    """The safetensors format: u64 header length, JSON header, raw little-endian data.
-    float32 arrays are F32; uint16 arrays are bfloat16 bit patterns (BF16)."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt", "generator": generator}}
-    offset = 0
-    blobs = []
-    for name in sorted(tensors):
-        bf16 = tensors[name].dtype == np.uint16
-        arr = np.ascontiguousarray(tensors[name], dtype="<u2" if bf16 else "<f4")
-        data = arr.tobytes()
-        header[name] = {"dtype": "BF16" if bf16 else "F32", "shape": list(arr.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    raw = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
-    raw += b" " * ((8 - len(raw) % 8) % 8)
-    return struct.pack("<Q", len(raw)) + raw + b"".join(blobs)
+    """A model's safetensors: float32 arrays are F32; uint16 arrays are bfloat16 bit
+    patterns (BF16)."""
+    return safetensors.to_bytes(
+        {name: ("BF16" if arr.dtype == np.uint16 else "F32", arr)
+         for name, arr in tensors.items()},
+        {"format": "pt", "generator": generator})
 
 
 def _bytes_to_unicode() -> dict[int, str]:

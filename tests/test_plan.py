@@ -15,20 +15,7 @@ from oracle_build.core import env as envmod
 from oracle_build.core import layout
 from oracle_build.core.errors import EXIT_UNESTABLISHED, Unestablished
 from oracle_build.core.proc import Cmd
-from tests.conftest import GPU_PIN
-
-
-def established_gpu_pin(tmp_path: Path) -> Path:
-    """The GPU pin with every external's commit filled in, as `externals` would."""
-    text = GPU_PIN.read_text()
-    out = []
-    for n, line in enumerate(text.splitlines()):
-        if line.startswith("commit = { status"):
-            line = f'commit = "{n:040x}"'
-        out.append(line)
-    path = tmp_path / "gpu.toml"
-    path.write_text("\n".join(out) + "\n")
-    return path
+from tests.conftest import GPU_PIN, established_gpu_pin
 
 
 def plan_for(pin_path: Path, target: str, tmp_path: Path, **kw: object) -> build.Plan:

@@ -23,27 +23,15 @@ from oracle_build.cli import main
 from oracle_build.contracts.pins import load_pin
 from oracle_build.core.errors import BadInput, BuildFailed, PreflightFailed
 from oracle_build.core.log import Steps
-from tests.conftest import GPU_PIN, REPO
+from tests.conftest import GPU_PIN, REPO, established_gpu_pin
 
 DATA = REPO / "tests" / "data" / "rocm"
 RUNTIME = "0.23.1rc1.dev1511+g555967922"
 HOST_ID = "host-x86_64-unknown-linux-gnu-"
 
 
-def established(tmp_path: Path) -> Path:
-    """The users' pin with every external's commit filled in, as `externals` would."""
-    out = []
-    for n, line in enumerate(GPU_PIN.read_text().splitlines()):
-        if line.startswith("commit = { status"):
-            line = f'commit = "{n:040x}"'
-        out.append(line)
-    path = tmp_path / "gpu.toml"
-    path.write_text("\n".join(out) + "\n")
-    return path
-
-
 def rocm_plan(tmp_path: Path) -> Plan:
-    pin = load_pin(established(tmp_path))
+    pin = load_pin(established_gpu_pin(tmp_path))
     return build.plan(pin, "gfx1100", home=tmp_path / "home", wheelhouse_root=tmp_path / "wh",
                       externals_dir=tmp_path / "mirrors")
 
@@ -273,20 +261,28 @@ def test_offload_bundle_reader_and_listings(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- identity
 
 
-def test_rocm_identity_device_facts() -> None:
-    target = load_pin(GPU_PIN).target("gfx1100")
+def test_gpu_device_facts() -> None:
+    """Identity's device rule, one function for both GPU kinds."""
+    pin = load_pin(GPU_PIN)
+    gb10 = {"cuda": "13.0", "devices": [{"name": "NVIDIA GB10", "capability": "12.1"}]}
+    assert identity.gpu_device(pin.target("sm_121"), gb10) == []
+    assert identity.gpu_device(pin.target("sm_110"), gb10) == [
+        ("device", "Thor sm_110", "NVIDIA GB10 (12.1)")]
+    assert identity.gpu_device(pin.target("sm_121"), {"cuda_error": None}) == [
+        ("device", "GB10 sm_121", "no CUDA device visible")]
+    target = pin.target("gfx1100")
     good = {"hip": "7.2.53211-e9d2e3ca67", "devices": [
         {"name": "Radeon RX 7900 XTX", "capability": "11.0", "gcn_arch": "gfx1100"}]}
-    assert identity.rocm_device(target, good) == []
-    assert identity.rocm_device(target, {**good, "hip": "7.1.40091"}) == [
+    assert identity.gpu_device(target, good) == []
+    assert identity.gpu_device(target, {**good, "hip": "7.1.40091"}) == [
         ("torch.version.hip", "7.2.*", "7.1.40091")]
-    assert identity.rocm_device(target, {**good, "hip": None})[0][0] == "torch.version.hip"
+    assert identity.gpu_device(target, {**good, "hip": None})[0][0] == "torch.version.hip"
     mi = {**good, "devices": [{"name": "AMD Instinct MI210", "capability": "9.0",
                                "gcn_arch": "gfx90a:sramecc+:xnack-"}]}
-    assert identity.rocm_device(target, mi) == [
+    assert identity.gpu_device(target, mi) == [
         ("device", "Radeon RX 7900 XTX gfx1100", "AMD Instinct MI210 (gfx90a:sramecc+:xnack-)")]
     # what this host gives: torch sees no device
-    assert identity.rocm_device(target, {"hip": "7.2.1", "cuda_error": None}) == [
+    assert identity.gpu_device(target, {"hip": "7.2.1", "cuda_error": None}) == [
         ("device", "Radeon RX 7900 XTX gfx1100", "no ROCm device visible")]
 
 

@@ -206,12 +206,9 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
                           hint="--reason TEXT: the new golden records it, with the replaced "
                           "golden's oracle (a re-baseline says why)")
         writable_or_refuse(job.golden_path.parent)
-    own = oracles is None
-    if oracles is None:
-        # an engine will run: each oracle's identity is probed inside its engine host
-        oracles = engine.Oracles(home, engine=("capture", jobs[0].spec.name) if jobs
-                                 else None)
-    try:
+    # an engine will run: each oracle's identity is probed inside its engine host
+    with engine.opened(home, oracles, engine_for=("capture", jobs[0].spec.name) if jobs
+                       else None) as oracles:
         groups: dict[str, list[Job]] = {}
         for job in jobs:
             prepare(job, oracles, home)
@@ -261,7 +258,4 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
                     say(f"    wrote {job.golden_path} ({len(golden.prompts)} prompts, "
                         f"{legs.count} legs, legs agree: {legs.agree})")
                     written.append(job.golden_path)
-    finally:
-        if own:
-            oracles.close()
     return written

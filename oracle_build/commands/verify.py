@@ -305,12 +305,9 @@ def verify(paths: list[Path], *, home: Path, oracles: engine.Oracles | None = No
                 "its records are complete", adjudicable=False))
             continue
         items.append(Item(path, rec, pin, reason, target_name=rec.oracle.target))
-    own = oracles is None
-    if oracles is None:
-        # an engine will run: each oracle's identity is probed inside its engine host
-        oracles = engine.Oracles(home, engine=("verify", items[0].rec.golden.name)
-                                 if items else None)
-    try:
+    # an engine will run: each oracle's identity is probed inside its engine host
+    with engine.opened(home, oracles, engine_for=("verify", items[0].rec.golden.name)
+                       if items else None) as oracles:
         groups: dict[str, list[Item]] = {}
         for item in items:
             oracle = oracles.get(item.pin, item.target_name, require=False)
@@ -352,9 +349,6 @@ def verify(paths: list[Path], *, home: Path, oracles: engine.Oracles | None = No
                                  name=lead.rec.golden.name).require()
             for item, run in zip(group, result.runs, strict=True):
                 item.verdict = verdict(item, result, run)
-    finally:
-        if own:
-            oracles.close()
     verdicts = [i.verdict for i in items if i.verdict is not None] + verdicts
     return VerifyReport(report_schema=VERIFY_REPORT_SCHEMA, created_utc=utc_now(),
                         exit_code=exit_code(verdicts), goldens=verdicts)

@@ -29,13 +29,12 @@ from typing import Any, overload
 
 import numpy as np
 
+from oracle_build.core import safetensors
 from oracle_build.core.errors import BadInput
 
 MAX_TOKEN_ID = 2**31 - 1
 FIELDS = ("counts", "ids", "lengths", "logprobs")
-ST_DTYPES: dict[str, np.dtype[Any]] = {
-    "I64": np.dtype("<i8"), "U16": np.dtype("<u2"), "I32": np.dtype("<i4"),
-    "F32": np.dtype("<f4"), "F64": np.dtype("<f8")}
+ST_DTYPES = safetensors.DTYPES
 EXPECTED = {"lengths": ("I64",), "counts": ("U16",), "ids": ("I32",),
             "logprobs": ("F32", "F64")}
 MAX_HEADER = 1 << 20
@@ -55,10 +54,6 @@ class TopKTable:
     @classmethod
     def from_rows(cls, prompts: Sequence[Sequence[Sequence[Sequence[Any]]]]) -> TopKTable:
         """From per-prompt rows (JSON-style ``[[id, lp], ...]`` per position)."""
-        views = [p for p in prompts if isinstance(p, TopKRows)]
-        if views and len(views) == len(prompts) and len({id(v.table) for v in views}) == 1 \
-                and [v.prompt for v in views] == list(range(views[0].table.prompts)):
-            return views[0].table  # the table these rows are read from
         lengths = np.array([len(p) for p in prompts], dtype=np.int64)
         rows = [row for p in prompts for row in p]
         counts = np.array([len(r) for r in rows], dtype=np.uint16)
@@ -102,9 +97,6 @@ class TopKTable:
         return [[t, lp] for t, lp in zip(self.ids[n, :c].tolist(),
                                           self.logprobs[n, :c].tolist(), strict=True)]
 
-    def as_rows(self) -> list[list[Row]]:
-        return [list(self.rows(i)) for i in range(self.prompts)]
-
     def to_padded(self, positions: int) -> tuple[np.ndarray, np.ndarray]:
         """As [P, positions, W] arrays (ids -1, logprobs NaN where nothing is recorded):
         the layout of vllm.cpp's battery arrays."""
@@ -142,23 +134,11 @@ class TopKTable:
     # ------------------------------------------------------------------ bytes
 
     def to_safetensors(self, metadata: dict[str, str] | None = None) -> bytes:
-        tensors = {"lengths": ("I64", self.lengths), "counts": ("U16", self.counts),
-                   "ids": ("I32", self.ids),
-                   "logprobs": ("F32" if self.logprobs.dtype == np.float32 else "F64",
-                                self.logprobs)}
-        header: dict[str, Any] = {"__metadata__": {"format": "oracle-build-topk",
-                                                   **(metadata or {})}}
-        blobs, offset = [], 0
-        for name in sorted(tensors):
-            code, arr = tensors[name]
-            data = np.ascontiguousarray(arr, dtype=ST_DTYPES[code]).tobytes()
-            header[name] = {"dtype": code, "shape": list(arr.shape),
-                            "data_offsets": [offset, offset + len(data)]}
-            blobs.append(data)
-            offset += len(data)
-        raw = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
-        raw += b" " * ((8 - len(raw) % 8) % 8)
-        return struct.pack("<Q", len(raw)) + raw + b"".join(blobs)
+        code = "F32" if self.logprobs.dtype == np.float32 else "F64"
+        return safetensors.to_bytes(
+            {"lengths": ("I64", self.lengths), "counts": ("U16", self.counts),
+             "ids": ("I32", self.ids), "logprobs": (code, self.logprobs)},
+            {"format": "oracle-build-topk", **(metadata or {})})
 
     @classmethod
     def from_safetensors(cls, data: bytes, path: Path) -> TopKTable:
