@@ -1,0 +1,476 @@
+"""Verdicts that cannot lie (issue 22, sections 1-3): every case found by a careful and a
+hostile reading of main, each a test. The gate compares every golden prompt exactly once and
+applies one gate rule for compare and verify; no input reads as drift (exit 1) unless it is
+drift: bad input is exit 2 naming the file and field, an output error 14, anything unforeseen
+70 with one line and a log; no name in a golden or a pin becomes a path outside where it
+belongs. Fast: nothing here builds or starts an engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from oracle_build.cli import main
+from oracle_build.contracts.golden import load_golden, publish
+from oracle_build.contracts.pins import load_pin
+from oracle_build.contracts.spec import load_spec
+from oracle_build.core.errors import BadInput
+from oracle_build.core.files import load_json, sha256_file
+from oracle_build.core.proc import Cmd
+from oracle_build.interop import vllmcpp
+from tests.conftest import CPU_PIN, GPU_PIN, REPO, TINY_SPEC
+
+GOLDEN = TINY_SPEC / "golden.json"
+IDS = ["capital", "fibonacci", "ids"]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err and "Traceback" not in out.out
+    return code, out.out, out.err
+
+
+def golden_doc() -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(GOLDEN.read_text())
+    return doc
+
+
+def write_golden(tmp_path: Path, doc: dict[str, Any], name: str = "g") -> Path:
+    """A golden beside a copy of its spec folder's pin reference (spec.pin is relative)."""
+    folder = tmp_path / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "golden.json").write_text(json.dumps(doc))
+    return folder / "golden.json"
+
+
+def candidate(tmp_path: Path, prompts: list[dict[str, Any]], name: str = "cand.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps({"candidate_schema": 1, "engine": "test", "prompts": prompts}))
+    return path
+
+
+def own_prompts(*, ids: bool = True) -> list[dict[str, Any]]:
+    out = []
+    for p in load_golden(GOLDEN).prompts:
+        entry: dict[str, Any] = {"prompt_token_ids": list(p.prompt_token_ids),
+                                 "token_ids": list(p.token_ids)}
+        if ids:
+            entry["id"] = p.id
+        out.append(entry)
+    return out
+
+
+# ----------------------------------------------------------------------- 1. the token gate
+
+
+def test_candidate_missing_prompts_is_bad_input(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "compare", str(GOLDEN),
+                         str(candidate(tmp_path, own_prompts()[:1])))
+    assert code == 2, out
+    assert "fibonacci" in err and "ids" in err and "missing" in err
+    assert "token-exact 1/1" not in out
+    # without ids: a count that differs is bad input too
+    code, _out, err = run(capsys, "compare", str(GOLDEN),
+                          str(candidate(tmp_path, own_prompts(ids=False)[:1])))
+    assert code == 2 and "prompts" in err
+
+
+def test_candidate_duplicated_prompt_is_bad_input(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    first = own_prompts()[0]
+    code, out, err = run(capsys, "compare", str(GOLDEN),
+                         str(candidate(tmp_path, [first, first, first])))
+    assert code == 2, out
+    assert "capital" in err and "more than once" in err
+    assert "3/3" not in out
+
+
+def test_candidate_ids_all_or_none(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prompts = own_prompts()
+    # the first two swapped (each carries the other's tokens), the third without an id: the
+    # ids must not be dropped in favour of order
+    swapped = [{**prompts[1], "id": "capital"}, {**prompts[0], "id": "fibonacci"},
+               {k: v for k, v in prompts[2].items() if k != "id"}]
+    code, _out, err = run(capsys, "compare", str(GOLDEN), str(candidate(tmp_path, swapped)))
+    assert code == 2
+    assert "prompts[2].id" in err
+    # with every id given, the swap is compared by id: drift, not a pass
+    swapped[2] = prompts[2]
+    code, out, _err = run(capsys, "compare", str(GOLDEN), str(candidate(tmp_path, swapped)))
+    assert code == 1, out
+
+
+def test_summary_counts_the_goldens_prompts(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _err = run(capsys, "compare", str(GOLDEN),
+                          str(candidate(tmp_path, list(reversed(own_prompts())))))
+    assert code == 0 and "STRICT token-exact 3/3" in out
+    code, out, _ = run(capsys, "compare", str(GOLDEN), str(candidate(tmp_path, own_prompts())),
+                       "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert [r["prompt"] for r in report["results"]] == IDS  # the golden's order
+
+
+def test_compare_applies_verifys_gate_rule(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A near-tie gate on a golden whose legs agree and that names no ratification is
+    inadmissible for verify (exit 2): so it is for compare, even on a divergence that the
+    band would pass."""
+    doc = golden_doc()
+    doc["gate"] = {"kind": "near_tie", "band_nats": 0.5, "ratification": None}
+    path = write_golden(tmp_path, doc)
+    golden = load_golden(GOLDEN)
+    prompts = own_prompts()
+    row = golden.prompts[2].topk
+    assert row is not None
+    prompts[2]["token_ids"] = list(prompts[2]["token_ids"])
+    prompts[2]["token_ids"][4] = row[4][1][0]  # the runner-up there
+    code, out, err = run(capsys, "compare", str(path), str(candidate(tmp_path, prompts)))
+    assert code == 2, out
+    assert "gate.kind" in err and "inadmissible" in err
+
+
+def test_golden_legs_agree_must_match_its_legs(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    doc = golden_doc()
+    doc["legs"]["tokens"][1][0][3] = (doc["legs"]["tokens"][1][0][3] + 1) % 300
+    assert doc["legs"]["agree"] is True
+    path = write_golden(tmp_path, doc)
+    code, _out, err = run(capsys, "compare", str(path),
+                          str(candidate(tmp_path, own_prompts())))
+    assert code == 2 and "legs.agree" in err
+    with pytest.raises(BadInput, match="legs.agree"):
+        load_golden(path)
+
+
+def test_golden_token_must_be_its_own_top1(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    doc = golden_doc()
+    p = doc["prompts"][1]
+    runner_up = p["topk"][5][1][0]
+    assert p["topk"][5][1][1] < p["topk"][5][0][1]  # not a tie
+    p["token_ids"][5] = runner_up
+    for leg in doc["legs"]["tokens"]:
+        leg[1][5] = runner_up
+    path = write_golden(tmp_path, doc)
+    cand = [dict(c) for c in own_prompts()]
+    cand[1]["token_ids"] = p["token_ids"]
+    code, _out, err = run(capsys, "compare", str(path), str(candidate(tmp_path, cand)))
+    assert code == 2
+    assert "prompts[1].token_ids[5]" in err and "top-1" in err
+    # an exact tie is any tied member: a golden whose token ties its top-1 loads
+    doc = golden_doc()
+    p = doc["prompts"][0]
+    top = p["topk"][2]
+    top[1][1] = top[0][1]
+    p["token_ids"][2] = top[1][0]
+    for leg in doc["legs"]["tokens"]:
+        leg[0][2] = top[1][0]
+    load_golden(write_golden(tmp_path, doc, "tie"))
+
+
+def test_golden_duplicate_prompt_ids(tmp_path: Path) -> None:
+    doc = golden_doc()
+    doc["prompts"][1]["id"] = "capital"
+    with pytest.raises(BadInput, match=r"prompts\[1\]\.id"):
+        load_golden(write_golden(tmp_path, doc))
+
+
+# ----------------------------------------------------------------- 2. internal errors
+
+
+def format2(tmp_path: Path) -> Path:
+    dest = tmp_path / "f2" / "golden.json"
+    publish(load_golden(GOLDEN), dest, replace=False)
+    return dest
+
+
+@pytest.mark.parametrize("shape", [[2**32, 2**32], [2**70, 1], [-1, 3]])
+def test_topk_header_with_a_huge_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       shape: list[int]) -> None:
+    path = format2(tmp_path)
+    (side,) = path.parent.glob("topk.*.safetensors")
+    data = side.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    header["ids"]["shape"] = shape
+    raw = json.dumps(header).encode()
+    side.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+    doc = json.loads(path.read_text())  # the hash made to agree: only the shape is wrong
+    doc["topk"]["sha256"] = sha256_file(side)
+    doc["topk"]["bytes"] = side.stat().st_size
+    path.write_text(json.dumps(doc))
+    code, _out, err = run(capsys, "compare", str(path), str(candidate(tmp_path, own_prompts())))
+    assert code == 2
+    assert str(side) in err and "ids:" in err
+
+
+def test_topk_fifo_does_not_hang(tmp_path: Path) -> None:
+    path = format2(tmp_path)
+    (side,) = path.parent.glob("topk.*.safetensors")
+    side.unlink()
+    os.mkfifo(side)
+    cand = candidate(tmp_path, own_prompts())
+    proc = subprocess.run([sys.executable, "-m", "oracle_build", "compare", str(path),
+                           str(cand)], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr
+    assert "not a regular file" in proc.stderr and "Traceback" not in proc.stderr
+    # a FIFO as the candidate or the golden itself: the same
+    fifo = tmp_path / "cand.fifo"
+    os.mkfifo(fifo)
+    proc = subprocess.run([sys.executable, "-m", "oracle_build", "compare", str(GOLDEN),
+                           str(fifo)], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2 and "not a regular file" in proc.stderr
+
+
+def battery(tmp_path: Path) -> Path:
+    out = vllmcpp.export(load_golden(GOLDEN), GOLDEN, tmp_path / "battery")
+    (out / "oracle.json").unlink()
+    return out
+
+
+@pytest.mark.parametrize(("value", "dtype"), [(2**40, np.int64), (2**64 - 1, np.uint64)])
+def test_battery_token_id_out_of_range(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       value: int, dtype: Any) -> None:
+    out = battery(tmp_path)
+    ids = np.load(out / "greedy_ids.npy").astype(dtype)
+    ids[0, 3] = value
+    np.save(out / "greedy_ids.npy", ids)
+    code, _o, err = run(capsys, "import", str(out), "--out", str(tmp_path / "imported"))
+    assert code == 2
+    assert "greedy_ids.npy" in err and "out of range" in err
+    assert not (tmp_path / "imported").exists()
+
+
+def attributed(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    out = vllmcpp.export(load_golden(GOLDEN), GOLDEN, tmp_path / "exported")
+    for f in out.glob("*.npy"):
+        f.unlink()
+    for f in out.glob("*.i32"):
+        f.unlink()
+    return out / "oracle.json", json.loads((out / "oracle.json").read_text())
+
+
+@pytest.mark.parametrize(("edit", "field"), [
+    (lambda c: c["batch"].update(prompts=[[5]]), "capture.batch.prompts[0][0]"),
+    (lambda c: c["batch"].update(prompts=[["a"]]), "capture.batch.prompts[0][0]"),
+    (lambda c: c["batch"].update(prompts=[[-1], [0, 1]]), "capture.batch.prompts[0][0]"),
+    (lambda c: c["batch"].update(prompts="012"), "capture.batch.prompts"),
+    (lambda c: c["batch"].update(prompts=[[0, 1], [1, 2]]), "capture.batch.prompts"),
+    (lambda c: c["batch"].update(prompts=[[True, 1, 2]]), "capture.batch.prompts[0][0]"),
+    (lambda c: c["engine"].update(resolved=[1, 2]), "capture.engine.resolved"),
+    (lambda c: c.update(schema=3), "capture.schema"),
+])
+def test_schema2_capture_block_is_validated(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str],
+                                            edit: Any, field: str) -> None:
+    path, doc = attributed(tmp_path)
+    before = json.dumps(doc)
+    edit(doc["capture"])
+    assert json.dumps(doc) != before
+    path.write_text(json.dumps(doc))
+    code, _o, err = run(capsys, "import", str(path), "--out", str(tmp_path / "imported"))
+    assert code == 2
+    assert f"{field}:" in err
+
+
+def test_deep_and_huge_toml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    deep = tmp_path / "deep.toml"
+    deep.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    huge = tmp_path / "huge.toml"
+    huge.write_text(CPU_PIN.read_text() + "\n[extra]\nn = " + "9" * 5000 + "\n")
+    for path in (deep, huge):
+        with pytest.raises(BadInput) as err:
+            load_pin(path)
+        assert str(path) in str(err.value)
+        with pytest.raises(BadInput):
+            load_spec(path)
+        code, _o, err2 = run(capsys, "build", "--pin", str(path), "--dry-run")
+        assert code == 2 and str(path) in err2
+
+
+def test_cmake_include_cycle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "cmake").mkdir()
+    (tmp_path / "CMakeLists.txt").write_text("include(cmake/a.cmake)\n")
+    (tmp_path / "cmake" / "a.cmake").write_text("include(cmake/b.cmake)\n")
+    (tmp_path / "cmake" / "b.cmake").write_text("include(cmake/a.cmake)\n")
+    code, _o, err = run(capsys, "externals", "--checkout", str(tmp_path), "--device", "cpu")
+    assert code == 2
+    assert "a.cmake" in err and "cycle" in err
+
+
+def test_export_under_a_regular_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, _o, err = run(capsys, "export", "--format", "vllm.cpp", str(GOLDEN),
+                        str(blocker / "out"))
+    assert code == 14
+    assert str(blocker) in err
+    assert blocker.read_text() == "x"
+
+
+def test_unforeseen_error_is_70_with_a_log(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from oracle_build.commands import compare
+
+    def broken(*_a: object, **_k: object) -> None:
+        raise ZeroDivisionError("a bug of ours")
+
+    monkeypatch.setattr(compare, "compare_candidate", broken)
+    monkeypatch.setenv("ORACLE_BUILD_HOME", str(tmp_path / "home"))
+    code, _o, err = run(capsys, "compare", str(GOLDEN), str(candidate(tmp_path, own_prompts())))
+    assert code == 70
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert "internal error" in lines[0] and "ZeroDivisionError: a bug of ours" in lines[0]
+    (log,) = (tmp_path / "home" / "logs").glob("internal-error-*.log")
+    assert str(log) in lines[0]
+    assert "Traceback" in log.read_text() and "broken" in log.read_text()
+
+
+@pytest.mark.parametrize(("token", "why"), [("87", "string"), (87.0, "float"), (True, "bool")])
+def test_token_ids_must_be_integers(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                    token: Any, why: str) -> None:
+    prompts = own_prompts()
+    prompts[0]["token_ids"] = [token, *prompts[0]["token_ids"][1:]]
+    code, _o, err = run(capsys, "compare", str(GOLDEN), str(candidate(tmp_path, prompts)))
+    assert code == 2, why
+    assert "prompts[0].token_ids[0]" in err
+    doc = golden_doc()
+    doc["prompts"][0]["prompt_token_ids"][0] = token
+    with pytest.raises(BadInput, match=r"prompts\[0\]\.prompt_token_ids\[0\]"):
+        load_golden(write_golden(tmp_path, doc))
+
+
+def test_duplicate_json_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "cand.json"
+    good = json.dumps({"candidate_schema": 1, "prompts": own_prompts()})
+    path.write_text(good[:-1] + ', "prompts": []}')
+    code, _o, err = run(capsys, "compare", str(GOLDEN), str(path))
+    assert code == 2 and "prompts" in err and "twice" in err
+    with pytest.raises(BadInput, match="twice"):
+        load_json(path)
+
+
+def test_candidate_topk_rows_best_first(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    golden = load_golden(GOLDEN)
+    prompts = own_prompts()
+    for p, g in zip(prompts, golden.prompts, strict=True):
+        p["topk"] = [list(map(list, row)) for row in (g.topk or [])]
+    prompts[1]["topk"][3] = list(reversed(prompts[1]["topk"][3]))
+    code, _o, err = run(capsys, "compare", str(GOLDEN), str(candidate(tmp_path, prompts)))
+    assert code == 2
+    assert "prompts[1]" in err and "best first" in err
+
+
+# ------------------------------------------------------- 3. files a golden or pin may write
+
+
+def with_embedded_pin(doc: dict[str, Any], *, pin_key: str, pin_name: str = "cpu.toml",
+                      pin_toml: str | None = None) -> dict[str, Any]:
+    doc["oracle"]["pin_key"] = pin_key
+    doc["oracle"]["embedded_pin"] = {
+        "pin_name": pin_name, "pin_toml": pin_toml or CPU_PIN.read_text(),
+        "lock_name": "cpu.lock.txt", "lock_text": (CPU_PIN.parent / "cpu.lock.txt").read_text()}
+    doc["spec"]["pin"] = "no/such/pin.toml"  # a golden copied into another tree
+    return doc
+
+
+@pytest.mark.parametrize("key", ["victim", "../victim", "a/b", ".hidden", "..", ""])
+def test_golden_pin_key_cannot_name_a_path(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           key: str) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "authorized_keys").write_text("ORIGINAL\n")
+    pin_key = str(victim) if key == "victim" else key
+    doc = with_embedded_pin(golden_doc(), pin_key=pin_key, pin_name="authorized_keys")
+    path = write_golden(tmp_path, doc)
+    home = tmp_path / "home"
+    for cmd in (["verify", str(path)], ["margin", str(path), "capital", "1"],
+                ["explain", str(path)]):
+        code, _o, err = run(capsys, *cmd, "--home", str(home))
+        assert code == 2, (cmd, err)
+        assert "oracle.pin_key" in err or "oracle.embedded_pin" in err
+        assert (victim / "authorized_keys").read_text() == "ORIGINAL\n"
+        assert sorted(os.listdir(victim)) == ["authorized_keys"]
+    assert not (home / "pins").exists() or not any((home / "pins").rglob("*"))
+
+
+@pytest.mark.parametrize("name", ["../authorized_keys", "a/b.toml", ".bashrc"])
+def test_golden_pin_file_names_are_plain(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         name: str) -> None:
+    doc = with_embedded_pin(golden_doc(), pin_key=golden_doc()["oracle"]["pin_key"],
+                            pin_name=name)
+    path = write_golden(tmp_path, doc)
+    code, _o, err = run(capsys, "verify", str(path), "--home", str(tmp_path / "home"))
+    assert code == 2 and "oracle.embedded_pin.pin_name" in err
+    assert not (tmp_path / "authorized_keys").exists() and not (tmp_path / "home").exists()
+
+
+def test_embedded_pin_hash_checked_before_writing(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    tampered = CPU_PIN.read_text().replace('python = "3.11"', 'python = "3.12"')
+    assert tampered != CPU_PIN.read_text()
+    doc = with_embedded_pin(golden_doc(), pin_key=golden_doc()["oracle"]["pin_key"],
+                            pin_toml=tampered)
+    path = write_golden(tmp_path, doc)
+    home = tmp_path / "home"
+    code, _o, err = run(capsys, "verify", str(path), "--home", str(home))
+    assert code == 2 and "oracle.embedded_pin" in err and "pin_hash" in err
+    assert not (home / "pins").exists() or not any((home / "pins").rglob("*.toml"))
+
+
+def pin_with(tmp_path: Path, old: str, new: str) -> Path:
+    text = GPU_PIN.read_text()
+    assert old in text
+    path = tmp_path / "pin.toml"
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+def test_external_name_is_a_safe_name(tmp_path: Path) -> None:
+    text = GPU_PIN.read_text()
+    first = text.split("[[externals]]", 1)[1]
+    name_line = next(ln for ln in first.splitlines() if ln.startswith("name = "))
+    path = pin_with(tmp_path, name_line, 'name = "../../../../tmp/x"')
+    with pytest.raises(BadInput, match=r"externals\[0\]\.name"):
+        load_pin(path, check_lock=False)
+
+
+def test_external_src_dir_var_is_a_src_dir(tmp_path: Path) -> None:
+    text = GPU_PIN.read_text()
+    first = text.split("[[externals]]", 1)[1]
+    line = next(ln for ln in first.splitlines() if ln.startswith("src_dir_var = "))
+    path = pin_with(tmp_path, line, 'src_dir_var = "VLLM_USE_PRECOMPILED"')
+    with pytest.raises(BadInput, match=r"externals\[0\]\.src_dir_var"):
+        load_pin(path, check_lock=False)
+
+
+def test_unset_wins_over_env() -> None:
+    cmd = Cmd(argv=["true"], env={"VLLM_USE_PRECOMPILED": "1", "MAX_JOBS": "2"},
+              unset=("VLLM_USE_PRECOMPILED",))
+    env = cmd.environment()
+    assert "VLLM_USE_PRECOMPILED" not in env and env["MAX_JOBS"] == "2"
+
+
+@pytest.mark.parametrize("value", ["1\nORACLE_IDENTITY_OK", "a\rb", "x\x1b[2Jy", "\x00"])
+def test_control_characters_refused_in_pins(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            value: str) -> None:
+    path = pin_with(tmp_path, 'MAX_JOBS = "', f'MAX_JOBS = {json.dumps(value)}  # "')
+    with pytest.raises(BadInput, match=r"build\.env\.MAX_JOBS"):
+        load_pin(path, check_lock=False)
+    code, out, _err = run(capsys, "build", "--pin", str(path), "--dry-run")
+    assert code == 2
+    assert "ORACLE_IDENTITY_OK" not in out
