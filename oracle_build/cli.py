@@ -15,6 +15,7 @@ from pathlib import Path
 
 from oracle_build import __version__
 from oracle_build.core.errors import (
+    EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_OK,
     OracleBuildError,
@@ -38,6 +39,8 @@ EXIT_CODES_HELP = """exit codes:
   11 verify: a golden's target or CPU kernel variant is not this host's (records still checked)
   12 the vLLM engine failed to start or to generate (log tail and path shown)
   13 the model's files are not the ones the spec or golden pins (sha256)
+  14 an output could not be written (read-only folder, disk full, a path under a file)
+  70 internal error: a bug in oracle-build, never a verdict (traceback in the log named)
   130 interrupted
 """
 
@@ -365,7 +368,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from oracle_build.contracts.candidate import load_candidate
     from oracle_build.contracts.golden import load_golden
 
-    golden = load_golden(Path(args.golden))
+    golden_path = Path(args.golden)
+    golden = load_golden(golden_path)
+    judge.admit_gate(golden, golden_path)  # the gate verify applies, and no other
     cand_path = Path(args.candidate)
     results = compare_candidate(golden, load_candidate(cand_path), cand_path)
     summary = judge.summarize(results)
@@ -749,6 +754,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         say("oracle-build: interrupted")
         return EXIT_INTERRUPTED
+    except Exception as exc:  # a bug of ours: never exit 1 (drift), never a bare traceback
+        log = _internal_error_log(args, exc)
+        say(f"oracle-build: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
+            f"(a bug in oracle-build, not a verdict; traceback in {log})")
+        return EXIT_INTERNAL
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit] + "..."
+
+
+def _internal_error_log(args: argparse.Namespace, exc: BaseException) -> str:
+    """The traceback, written under the home's logs (or the temp folder if that fails)."""
+    import tempfile
+    import traceback
+
+    from oracle_build.core.layout import default_home, log_path
+
+    text = (f"oracle-build {__version__}: internal error\nargv: {sys.argv}\n\n"
+            + "".join(traceback.format_exception(exc)))
+    try:
+        home = Path(args.home).expanduser().resolve() if getattr(args, "home", None) \
+            else default_home()
+        path = log_path(home, "internal-error", str(getattr(args, "command", "cli")))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return str(path)
+    except Exception:
+        fd, name = tempfile.mkstemp(prefix="oracle-build-internal-error-", suffix=".log")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        return name
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from oracle_build.contracts.golden import Golden
 from oracle_build.contracts.topk import TopKTable, first_difference
+from oracle_build.core.errors import BadInput
 
 TopK = Sequence[Sequence[Any]]  # [[token_id, logprob], ...] best first
 Kind = Literal["match", "exact_tie", "near_tie", "real"]
@@ -199,6 +201,19 @@ def gate_admissible(kind: str, *, measured_nondeterminism: bool,
         return True, f"{kind}: ratified by {ratification}"
     return False, (f"a {kind} gate is inadmissible: the golden's legs agree (the oracle was "
                    "deterministic) and no ratification reference is named")
+
+
+def admit_gate(golden: Golden, path: Path) -> str:
+    """The one gate rule of verify and compare: the golden's gate must be admissible (see
+    ``gate_admissible``), or the golden is bad input. Returns why it is admitted."""
+    ok, reason = gate_admissible(golden.gate.kind,
+                                 measured_nondeterminism=bool(golden.nondeterministic),
+                                 ratification=golden.gate.ratification)
+    if not ok:
+        raise BadInput(path, [("gate.kind", reason)],
+                       hint="configuration sensitivity is not non-determinism: re-capture "
+                       "under a recorded configuration, or measure with `determinism`")
+    return reason
 
 
 def gate_passes(kind: str, results: Sequence[TokenResult]) -> bool:

@@ -12,7 +12,7 @@ import pytest
 
 from oracle_build import judge as compare
 from oracle_build.cli import main
-from oracle_build.commands.verify import check_gate, exit_code
+from oracle_build.commands.verify import exit_code
 from oracle_build.contracts import schemas
 from oracle_build.contracts.golden import load_golden
 from oracle_build.core.errors import BadInput
@@ -55,12 +55,12 @@ def test_gate_admissibility(tmp_path: Path) -> None:
     edit_golden(folder, lambda d: d["gate"].update(kind="near_tie"))
     golden = load_golden(folder)
     with pytest.raises(BadInput) as info:
-        check_gate(golden, folder / "golden.json")
+        compare.admit_gate(golden, folder / "golden.json")
     assert info.value.problems[0][0] == "gate.kind"
     assert "inadmissible" in info.value.message
     assert main(["verify", str(folder), "--home", str(tmp_path / "h")]) == 2
     edit_golden(folder, lambda d: d["gate"].update(ratification="vllm.cpp#926"))
-    assert "ratified by vllm.cpp#926" in check_gate(load_golden(folder), folder)
+    assert "ratified by vllm.cpp#926" in compare.admit_gate(load_golden(folder), folder)
 
 
 def test_not_verifiable_here_still_checks_records(tmp_path: Path,

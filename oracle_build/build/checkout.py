@@ -278,13 +278,19 @@ def scan_externals(checkout: Path, *, device: str = "cuda",
         return []  # no CMake build: nothing fetched at configure time
     scope = Scope({**_known(device, machine), "CMAKE_SOURCE_DIR": str(checkout.resolve())})
     found: dict[str, Declared] = {}
-    _walk(top, checkout, scope, found, certain=True)
+    _walk(top.resolve(), checkout, scope, found, certain=True)
     return list(found.values())
 
 
 def _walk(path: Path, checkout: Path, scope: Scope, found: dict[str, Declared], *,
-          certain: bool) -> bool:
-    """Walk one file; False when a return() certainly ended it."""
+          certain: bool, within: tuple[Path, ...] = ()) -> bool:
+    """Walk one file; False when a return() certainly ended it. ``within``: the files whose
+    include() led here (an include cycle is bad input, as CMake itself refuses it)."""
+    if path in within:
+        chain = " -> ".join(str(p.relative_to(checkout.resolve())) if checkout.resolve() in
+                            p.parents else str(p) for p in (*within, path))
+        raise BadInput(path, [("include", f"include cycle: {chain}")])
+    within = (*within, path)
     lines = path.read_text(errors="replace").splitlines()
     stack: list[_Frame] = []
     scope.vars["CMAKE_CURRENT_LIST_DIR"] = str(path.parent)
@@ -351,7 +357,8 @@ def _walk(path: Path, checkout: Path, scope: Scope, found: dict[str, Declared], 
             inc = Path(target) if Path(target).is_absolute() else checkout / target
             inc = inc.resolve()
             if inc.suffix == ".cmake" and inc.is_file() and checkout.resolve() in inc.parents:
-                ended = not _walk(inc, checkout, scope, found, certain=here_certain)
+                ended = not _walk(inc, checkout, scope, found, certain=here_certain,
+                                  within=within)
                 scope.vars["CMAKE_CURRENT_LIST_DIR"] = str(path.parent)
                 if ended and state is True:
                     return False

@@ -78,17 +78,6 @@ def records_complete(rec: Recorded, path: Path) -> None:
                        "verified; re-capture it with `capture`")
 
 
-def check_gate(golden: Golden, path: Path) -> str:
-    ok, reason = judge.gate_admissible(golden.gate.kind,
-                                         measured_nondeterminism=bool(golden.nondeterministic),
-                                         ratification=golden.gate.ratification)
-    if not ok:
-        raise BadInput(path, [("gate.kind", reason)],
-                       hint="configuration sensitivity is not non-determinism: re-capture "
-                       "under a recorded configuration, or measure with `determinism`")
-    return reason
-
-
 def _flat(prefix: str, value: Any, out: dict[str, Any]) -> None:
     if isinstance(value, dict):
         for k, v in value.items():
@@ -263,7 +252,7 @@ def verify(paths: list[Path], *, home: Path, oracles: engine.Oracles | None = No
             continue
         rec = recorded(golden, path)
         records_complete(rec, path)
-        reason = check_gate(golden, path)
+        reason = judge.admit_gate(golden, path)
         pin = pin_override or rec.pin(path, unpack_to=layout.pins_dir(home))
         if cross_target:
             # run it on this host's target of the pin (a GB10 golden on Thor, or on the CPU

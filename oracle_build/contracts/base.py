@@ -80,8 +80,35 @@ Sha256 = Annotated[str, AfterValidator(sha256)]
 FullSha = Annotated[str, AfterValidator(full_sha)]
 ExactVersion = Annotated[str, AfterValidator(exact_version)]
 DistName = Annotated[str, AfterValidator(dist_name)]
-TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
-Logprob = Annotated[float, AfterValidator(_finite), Field(le=0.0)]
+# strict: "87", 87.0 and true are not token ids (lax parsing would take all three)
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID, strict=True)]
+Logprob = Annotated[float, AfterValidator(_finite), Field(le=0.0, strict=True)]
+Count = Annotated[int, Field(ge=0, strict=True)]
+
+
+CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def control_characters(value: Any, where: str = "") -> list[tuple[str, str]]:
+    """(field, problem) for every string in ``value`` (keys included) holding a control
+    character (a tab aside): a value that is printed could otherwise print a line of its own
+    (a newline and ``ORACLE_IDENTITY_OK``) or rewrite the terminal."""
+    out: list[tuple[str, str]] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            field = f"{where}.{k}" if where else str(k)
+            if CONTROL.search(str(k)):
+                out.append((field, "key holds a control character"))
+            out += control_characters(v, field)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += control_characters(v, f"{where}[{i}]")
+    elif isinstance(value, str) and CONTROL.search(value):
+        ch = CONTROL.search(value)
+        assert ch is not None
+        out.append((where or "<top level>", f"holds control character {ch.group()!r} "
+                    "(newlines and escapes are refused in pin values)"))
+    return out
 
 
 def check_schema_number(data: Any, path: Path, key: str, supported: int) -> None:

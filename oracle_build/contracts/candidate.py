@@ -11,6 +11,7 @@ Candidate file (JSON, schema ``oracle_build/contracts/schemas/candidate.schema.j
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Annotated
 
@@ -32,9 +33,13 @@ class CandidatePrompt(Strict):
 
     @model_validator(mode="after")
     def _shape(self) -> CandidatePrompt:
-        if self.topk is not None and len(self.topk) != len(self.token_ids):
-            raise ValueError(f"topk has {len(self.topk)} positions for {len(self.token_ids)} "
-                             "tokens")
+        if self.topk is not None:
+            if len(self.topk) != len(self.token_ids):
+                raise ValueError(f"topk has {len(self.topk)} positions for "
+                                 f"{len(self.token_ids)} tokens")
+            for pos, row in enumerate(self.topk):
+                if any(a[1] < b[1] for a, b in itertools.pairwise(row)):
+                    raise ValueError(f"topk[{pos}] is not sorted best first")
         return self
 
 
@@ -51,17 +56,38 @@ def load_candidate(path: Path) -> Candidate:
 
 
 def pair(golden: Golden, cand: Candidate, path: Path) -> list[tuple[int, CandidatePrompt]]:
-    """(golden prompt index, candidate prompt): by id where given, else by order."""
+    """(golden prompt index, candidate prompt) for every golden prompt exactly once, in the
+    golden's order: by id when the candidate gives ids (all of them), else by order (the same
+    count). A missing, duplicated or unknown prompt is bad input: a gate that compared only
+    what the candidate chose to hold would pass an engine that crashed on a prompt."""
     index = {p.id: i for i, p in enumerate(golden.prompts)}
-    if all(p.id is not None for p in cand.prompts):
-        out = []
-        for n, p in enumerate(cand.prompts):
-            if p.id not in index:
-                raise BadInput(path, [(f"prompts[{n}].id", f"{p.id!r} is not a prompt of "
-                                       f"golden {golden.name} ({sorted(index)})")])
-            out.append((index[p.id], p))
-        return out
-    if len(cand.prompts) != len(golden.prompts):
-        raise BadInput(path, [("prompts", f"{len(cand.prompts)} prompts without ids; the "
-                               f"golden has {len(golden.prompts)}")])
-    return list(enumerate(cand.prompts))
+    with_ids = [p.id is not None for p in cand.prompts]
+    if any(with_ids) and not all(with_ids):
+        n = with_ids.index(False)
+        raise BadInput(path, [(f"prompts[{n}].id", "missing: give every prompt its id, or none "
+                               "(prompts are then matched by order)")])
+    if not any(with_ids):
+        if len(cand.prompts) != len(golden.prompts):
+            raise BadInput(path, [("prompts", f"{len(cand.prompts)} prompts without ids; the "
+                                   f"golden has {len(golden.prompts)}")])
+        return list(enumerate(cand.prompts))
+    problems: list[tuple[str, str]] = []
+    seen: dict[str, int] = {}
+    for n, p in enumerate(cand.prompts):
+        assert p.id is not None
+        if p.id not in index:
+            problems.append((f"prompts[{n}].id", f"{p.id!r} is not a prompt of golden "
+                             f"{golden.name} ({', '.join(index)})"))
+        elif p.id in seen:
+            problems.append((f"prompts[{n}].id", f"{p.id!r} given more than once (first at "
+                             f"prompts[{seen[p.id]}])"))
+        else:
+            seen[p.id] = n
+    missing = [pid for pid in index if pid not in seen]
+    if missing:
+        problems.append(("prompts", f"missing: golden {golden.name}'s prompts "
+                         f"{', '.join(missing)} are not in the candidate"))
+    if problems:
+        raise BadInput(path, problems, hint="every golden prompt is compared exactly once")
+    return sorted(((index[p.id], p) for p in cand.prompts if p.id is not None),
+                  key=lambda item: item[0])

@@ -28,6 +28,7 @@ from oracle_build.contracts.base import (
     SafeName,
     Sha256,
     Strict,
+    control_characters,
     dist_name,
     exact_version,
 )
@@ -155,9 +156,11 @@ class Build(Strict):
 class External(Strict):
     """A CMake FetchContent dependency, built from a local copy named by src_dir_var."""
 
-    name: str
+    name: SafeName  # becomes the folder its clone is put in: no separators, no ".."
     repository: GitUrl
-    src_dir_var: str
+    # the CMake variable naming the local copy; only a *_SRC_DIR name, so no pin reaches any
+    # other variable of the build's environment through it (VLLM_USE_PRECOMPILED, PATH)
+    src_dir_var: Annotated[str, Field(pattern=r"^[A-Z][A-Z0-9_]*_SRC_DIR$")]
     commit: FullSha | UnestablishedValue
     # the GIT_TAG the checkout's cmake declares when it names a tag (v4.7.1), not a commit;
     # commit is then that tag resolved in a mirror, and the build checks both
@@ -472,6 +475,9 @@ def hashed_form(model: PinModel) -> dict[str, Any]:
 def load_pin(path: Path, *, check_lock: bool = True) -> Pin:
     path = Path(path)
     data = load_toml(path)
+    problems = control_characters(data)
+    if problems:  # a pin's values are printed (the plan): a newline could print any line
+        raise BadInput(path, problems)
     model = validate(PinModel, data, path)
     entries: list[LockEntry] | None = None
     lock_digest = ""

@@ -20,6 +20,7 @@ lists, so code that used JSON rows reads a table unchanged (``TopKRows``).
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -165,15 +166,16 @@ class TopKTable:
             if not isinstance(entry, dict) or entry.get("dtype") not in EXPECTED[name]:
                 raise BadInput(path, [(name, f"dtype {entry.get('dtype') if isinstance(entry, dict) else entry!r}; expected one of {list(EXPECTED[name])}")])  # noqa: E501
             shape, offs = entry.get("shape"), entry.get("data_offsets")
-            if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0
-                                                    for d in shape)
+            if not (isinstance(shape, list) and all(
+                    isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
                     and isinstance(offs, list) and len(offs) == 2
-                    and all(isinstance(o, int) for o in offs)):
+                    and all(isinstance(o, int) and not isinstance(o, bool) for o in offs)):
                 raise BadInput(path, [(name, "shape or data_offsets malformed")])
             dtype = ST_DTYPES[entry["dtype"]]
             start, end = offs
-            if not 0 <= start <= end <= len(body) or end - start != int(
-                    np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+            # exact integers: a shape such as [2**32, 2**32] wraps to 0 in int64 arithmetic
+            if not 0 <= start <= end <= len(body) or end - start != math.prod(
+                    shape) * dtype.itemsize:
                 raise BadInput(path, [(name, f"data_offsets {offs} do not hold shape {shape} "
                                        f"of {entry['dtype']} within the file")])
             arrays[name] = np.frombuffer(body[start:end], dtype=dtype).reshape(shape)

@@ -24,13 +24,14 @@ EXIT_NOT_HERE = 11  # verify: golden's target is not this host (records still ch
 EXIT_ENGINE = 12  # the vLLM engine failed to start or to generate (log tail shown)
 EXIT_MODEL = 13  # the model's files are not the ones the spec or golden pins
 EXIT_OUTPUT = 14  # an output could not be written (read-only folder, disk full); nothing partial
+EXIT_INTERNAL = 70  # an unforeseen error (a bug of ours): one line, the traceback in a log
 EXIT_INTERRUPTED = 130
 
 
 class OracleBuildError(Exception):
     """Base class. ``message`` says what failed and why; ``hint`` says which knob to turn."""
 
-    exit_code = 70
+    exit_code = EXIT_INTERNAL
     label = "error"
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:

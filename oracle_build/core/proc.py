@@ -220,9 +220,9 @@ class Cmd:
 
     def environment(self) -> dict[str, str]:
         env = build_env()
-        for key in self.unset:
-            env.pop(key, None)
         env.update(self.env)
+        for key in self.unset:  # unset wins: the plan prints `unset X`, so X never reaches it
+            env.pop(key, None)
         return env
 
     def render(self) -> list[str]:

@@ -23,13 +23,13 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from oracle_build import host, judge
-from oracle_build.contracts.base import SAFE_NAME, Strict, TokenId
+from oracle_build.contracts.base import MAX_TOKEN_ID, SAFE_NAME, Strict, TokenId
 from oracle_build.contracts.golden import (
     GOLDEN_SCHEMA,
     RESOLVED_KEYS,
@@ -46,11 +46,15 @@ from oracle_build.contracts.golden import (
 )
 from oracle_build.contracts.spec import GateSpec
 from oracle_build.contracts.topk import TopKTable
-from oracle_build.core.errors import BadInput, Refused
+from oracle_build.core.errors import BadInput, OutputFailed, Refused
 from oracle_build.core.files import (
     atomic_write_bytes,
     dumps_json,
+    field_error,
+    field_path,
     load_json,
+    read_bytes,
+    require_regular,
     sha256_file,
     validate,
 )
@@ -80,12 +84,33 @@ class CaptureBlock(BaseModel):
     the keys the format defines are checked."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
-    schema_: int = Field(alias="schema")
-    engine_config_recorded: bool
+    schema_: Literal[2] = Field(alias="schema")  # the one schema with a capture block
+    engine_config_recorded: bool = Field(strict=True)
     engine: dict[str, Any] | None = None
     batch: dict[str, Any] | None = None
-    legs: int | None = None
-    legs_agree: bool | None = None
+    legs: int | None = Field(default=None, ge=1, strict=True)
+    legs_agree: bool | None = Field(default=None, strict=True)
+
+    @model_validator(mode="after")
+    def _shapes(self) -> CaptureBlock:
+        if self.engine is not None:
+            resolved = self.engine.get("resolved")
+            if resolved is not None and not isinstance(resolved, dict):
+                raise field_error("engine.resolved", "must be an object (setting -> value)")
+        if self.batch is not None and "prompts" in self.batch:
+            calls = self.batch["prompts"]
+            if not isinstance(calls, list):
+                raise field_error("batch.prompts", "must be a list of generate() calls, each "
+                                  "a list of prompt indices")
+            for c, call in enumerate(calls):
+                members = call if isinstance(call, list) else [call]
+                for m, idx in enumerate(members):
+                    where = f"batch.prompts[{c}][{m}]" if isinstance(call, list) \
+                        else f"batch.prompts[{c}]"
+                    if not isinstance(idx, int) or isinstance(idx, bool) or idx < 0:
+                        raise field_error(where, f"{idx!r} is not a prompt index (an integer "
+                                          ">= 0)")
+        return self
 
 
 class OracleJson(Strict):
@@ -97,6 +122,26 @@ class OracleJson(Strict):
     sampling: LegacySampling
     capture: CaptureBlock | None = None
     golden: list[LegacyPrompt] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _batch_names_every_prompt_once(self) -> OracleJson:
+        batch = self.capture.batch if self.capture is not None else None
+        if not batch or "prompts" not in batch:
+            return self
+        seen: list[int] = []
+        for c, call in enumerate(batch["prompts"]):
+            for m, idx in enumerate(call if isinstance(call, list) else [call]):
+                where = (f"capture.batch.prompts[{c}][{m}]" if isinstance(call, list)
+                         else f"capture.batch.prompts[{c}]")
+                if idx >= len(self.golden):
+                    raise field_error(where, f"prompt {idx} does not exist (golden holds "
+                                      f"{len(self.golden)})")
+                seen.append(idx)
+        if sorted(seen) != list(range(len(self.golden))):
+            raise field_error("capture.batch.prompts", f"names prompts {sorted(seen)}: the "
+                              f"batch composition names each of the {len(self.golden)} "
+                              "prompts exactly once")
+        return self
 
 
 def attributed_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
@@ -137,6 +182,10 @@ def attributed_problems(data: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _load_npy(path: Path, ndim: int, *, floating: bool = False) -> np.ndarray:
+    """An array of ``ndim`` dimensions; integers must lie in [-1, 2**31 - 1] (token ids, -1
+    padding, mnats), checked in the file's own dtype before any cast: a uint64 2**64 - 1
+    would otherwise wrap to -1, which reads as padding."""
+    require_regular(path)
     try:
         arr = np.load(path, allow_pickle=False)
     except Exception as exc:  # a corrupt header fails in numpy's parser in many ways
@@ -148,6 +197,13 @@ def _load_npy(path: Path, ndim: int, *, floating: bool = False) -> np.ndarray:
                                f"array, found {arr.dtype}")])
     if arr.ndim != ndim:
         raise BadInput(path, [("shape", f"expected {ndim} dimensions, found {arr.shape}")])
+    if not floating and arr.size:
+        low, high = arr.min(), arr.max()
+        if low < PAD or high > MAX_TOKEN_ID:
+            at = np.unravel_index(int(np.argmax((arr < PAD) | (arr > MAX_TOKEN_ID))), arr.shape)
+            raise BadInput(path, [(f"[{','.join(str(int(i)) for i in at)}]",
+                                   f"value {arr[at]} out of range (token ids are "
+                                   f"0..{MAX_TOKEN_ID}, -1 pads)")])
     out: np.ndarray = arr.astype(np.float64 if floating else np.int64)
     return out
 
@@ -184,9 +240,9 @@ def read_battery(folder: Path) -> dict[str, Any]:
     prompts = []
     for i in range(n):
         p = folder / f"p{i}_prompt.i32"
-        raw = p.read_bytes() if p.is_file() else None
-        if raw is None:
+        if not (p.exists() or p.is_symlink()):
             raise BadInput(folder, [(p.name, f"missing: greedy_ids.npy has {n} prompts")])
+        raw = read_bytes(p)
         if not raw or len(raw) % 4:
             raise BadInput(p, [("size", f"{len(raw)} bytes is not a non-empty whole number of "
                                 "int32 values")])
@@ -282,7 +338,12 @@ def import_path(path: Path, *, name: str | None = None) -> Golden:
         files.update({k: sha256_file(v) for k, v in battery["files"].items()})
     if doc:
         files[oracle_file.name] = sha256_file(oracle_file)
-    return _build(golden_name, folder if path.is_dir() else path, doc, battery, files)
+    where = folder if path.is_dir() else path
+    try:
+        return _build(golden_name, where, doc, battery, files)
+    except ValidationError as exc:  # a value the source holds that our format refuses
+        raise BadInput(where, [(field_path(e["loc"]), e["msg"])
+                               for e in exc.errors(include_url=False)][:10]) from None
 
 
 def _build(name: str, path: Path, doc: tuple[dict[str, Any], OracleJson] | None,
@@ -473,8 +534,12 @@ def export(golden: Golden, golden_path: Path, dest: Path) -> Path:
     if problems:  # never write a file that breaks the contract
         raise Refused(f"{golden_path}: cannot satisfy vllm.cpp's attributed contract: "
                       + "; ".join(f"{f}: {m}" for f, m in problems))
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    except OSError as exc:
+        raise OutputFailed(f"cannot write {dest}: {exc.strerror or exc} "
+                           f"({exc.filename or dest.parent}); nothing was written") from None
     try:
         np.save(tmp / "greedy_ids.npy", ids)
         np.save(tmp / "greedy_dist.npy", dist)
@@ -488,6 +553,10 @@ def export(golden: Golden, golden_path: Path, dest: Path) -> Path:
                 np.asarray(p.prompt_token_ids, dtype="<i4").tobytes())
         atomic_write_bytes(tmp / "oracle.json", dumps_json(oracle_json).encode())
         tmp.rename(dest)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OutputFailed(f"cannot write {dest}: {exc.strerror or exc}; nothing was "
+                           "written") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
