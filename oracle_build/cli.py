@@ -160,18 +160,18 @@ def cmd_identity(args: argparse.Namespace) -> int:
                             hint="run `nox -s build_oracle` first")
     ident = identity.check(pin, pin.target(target), venv, deep=args.deep)
     _print_identity(ident, args.json)
-    if args.deep and ident.files is not None:
+    if args.deep:
         from oracle_build.core.files import atomic_write_json
-        from oracle_build.core.layout import build_record_path, utc_now
+        from oracle_build.core.layout import beside_record, build_record_path, utc_now
 
-        say(f"deep check: {ident.files.hashed} files hashed in {ident.files.seconds:.1f}s")
-        record_file = build_record_path(venv)
-        if record_file.is_file() and not venv.is_symlink():
-            record = json.loads(record_file.read_text())
-            record["deep_identity"] = {"utc": utc_now(), "ok": ident.ok,
-                                       "files_hashed": ident.files.hashed,
-                                       "seconds": round(ident.files.seconds, 3)}
-            atomic_write_json(record_file, record)
+        hashed = ident.files.hashed if ident.files is not None else 0
+        seconds = ident.files.seconds if ident.files is not None else 0.0
+        say(f"deep check: {hashed} files hashed in {seconds:.1f}s")
+        if build_record_path(venv).is_file() and not venv.is_symlink():
+            # beside the build record, never in it: its sha256 is what goldens record
+            atomic_write_json(beside_record(venv, "deep-identity"), {
+                "utc": utc_now(), "ok": ident.ok, "files_hashed": hashed,
+                "seconds": round(seconds, 3), "mismatches": len(ident.mismatches)})
     if not ident.ok:
         raise IdentityMismatch(ident.mismatches, where=str(venv))
     return EXIT_OK

@@ -11,12 +11,13 @@ import json
 import os
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oracle_build import generators, host, identity
+from oracle_build import generators, host, identity, manifest
 from oracle_build.contracts.golden import (
     BackendValue,
     EngineRecord,
@@ -58,6 +59,7 @@ class Oracle:
     venv: OracleVenv
     identity: identity.Identity
     build_record_sha256: str
+    content_fingerprint: str | None
     # the engine host whose probe gave ``identity``, waiting for the first engine run
     hosts: list[EngineHost] = field(default_factory=list, compare=False)
 
@@ -71,13 +73,15 @@ def engine_env(target: Target) -> dict[str, str]:
 
 
 def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
-                engine_log: Path | None = None) -> Oracle:
+                engine_log: Path | None = None, deep: bool = True) -> Oracle:
     """The pin's built oracle with its identity re-checked. ``require``: refuse one that is
     not the pin's (IdentityMismatch); otherwise the caller reads ``identity.ok``.
 
     ``engine_log``: an engine will run, so the identity probe runs inside the engine host
     (driver.py --serve, logging there): it imports vLLM once for both, and starts no engine
-    until the harness has compared its facts with the pin and hands it a request."""
+    until the harness has compared its facts with the pin and hands it a request.
+    ``deep``: every file hashed (every engine-running command's check; without an engine
+    host, alone)."""
     venv = OracleVenv(layout.oracle_path(home, pin.key))
     if not venv.exists():
         raise OracleMissing(f"no oracle for pin {pin.id} at {venv.path}",
@@ -88,20 +92,46 @@ def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
     if engine_log is not None:
         engine_host = venv.serve(identity.probe_args(target), env=engine_env(target),
                                  log=engine_log)
-        facts = engine_host.facts()
-        ident = identity.check(pin, target, venv.path, facts=facts) if facts is not None \
-            else identity.check(pin, target, venv.path)  # the host failed: say why, alone
+        # every file hashed (not only those whose size or mtime moved: both can be put back)
+        # while the host imports vLLM; no engine starts before the hashes agree
+        try:
+            files = deep_files(venv.path)
+            facts = engine_host.facts()
+        except BaseException:
+            engine_host.close()
+            raise
+        ident = identity.check(pin, target, venv.path, facts=facts, files=files) \
+            if facts is not None else identity.check(pin, target, venv.path, deep=True)
         if ident.ok and facts is not None:
             hosts.append(engine_host)
         else:
             engine_host.close()
+    elif deep:  # the probe (a process importing vLLM) runs while every file is hashed here
+        with ThreadPoolExecutor(1, thread_name_prefix="probe") as pool:
+            probing = pool.submit(identity.run_probe, venv.path, target)
+            files = deep_files(venv.path)
+            facts = probing.result()
+        ident = identity.check(pin, target, venv.path, facts=facts, files=files, deep=True)
     else:
         ident = identity.check(pin, target, venv.path)
     if require and not ident.ok:
         raise IdentityMismatch(ident.mismatches, where=str(venv.path),
                                hint="`build_oracle -- --rebuild` replaces a drifted oracle")
     digest = sha256_file(venv.record_path) if venv.has_record() else ""
-    return Oracle(pin, target_name, target, venv, ident, digest, hosts)
+    anchor = manifest.read_anchor(venv.path) or {}
+    return Oracle(pin, target_name, target, venv, ident, digest,
+                  anchor.get("content_fingerprint"), hosts)
+
+
+def deep_files(venv: Path) -> manifest.Check | None:
+    """Every file of the venv hashed against its anchored manifest; None when the manifest
+    cannot be read (identity.check then says why)."""
+    recorded, problems = manifest.load(venv)
+    if recorded is None or problems:
+        return None
+    say(f"    hashing every file of the oracle ({len(recorded['files'])}) while the engine "
+        "host imports vLLM")
+    return manifest.check(venv, recorded, deep=True)
 
 
 @dataclass

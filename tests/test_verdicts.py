@@ -150,7 +150,7 @@ def test_golden_legs_agree_must_match_its_legs(tmp_path: Path,
     code, _out, err = run(capsys, "compare", str(path),
                           str(candidate(tmp_path, own_prompts())))
     assert code == 2 and "legs.agree" in err
-    with pytest.raises(BadInput, match="legs.agree"):
+    with pytest.raises(BadInput, match=r"legs\.agree"):
         load_golden(path)
 
 
@@ -474,3 +474,67 @@ def test_control_characters_refused_in_pins(tmp_path: Path, capsys: pytest.Captu
     code, out, _err = run(capsys, "build", "--pin", str(path), "--dry-run")
     assert code == 2
     assert "ORACLE_IDENTITY_OK" not in out
+
+
+# ------------------------------------------------------------------ 4. identity, the rules
+
+
+def test_bytecode_source_and_fingerprint() -> None:
+    from oracle_build import manifest
+
+    assert manifest.bytecode_source("lib/x/__pycache__/a.cpython-311.pyc") == "lib/x/a.py"
+    assert manifest.bytecode_source("lib/x/__pycache__/a.cpython-311.opt-1.pyc") == "lib/x/a.py"
+    assert manifest.bytecode_source("lib/x/sitecustomize.pyc") is None  # sourceless
+    assert manifest.bytecode_source("lib/x/__pycache__/a.b.cpython-311.pyc") is None
+    sp = "lib/python3.11/site-packages"
+    files = {f"{sp}/a.py": {"kind": "wheel", "sha256": "1" * 64},
+             f"{sp}/__pycache__/a.cpython-311.pyc": {"kind": "bytecode", "sha256": "2" * 64},
+             "pyvenv.cfg": {"kind": "venv", "sha256": "3" * 64},
+             "bin/x": {"kind": "wheel", "sha256": "4" * 64, "relocated_from_sha256": "5" * 64},
+             f"{sp}/a-1.dist-info/RECORD": {"kind": "wheel", "sha256": "6" * 64}}
+    base = manifest.fingerprint({"files": files})
+    # what the venv or its installer writes with the venv's path in it does not move it
+    moved = {**files, f"{sp}/__pycache__/a.cpython-311.pyc": {"kind": "bytecode",
+                                                             "sha256": "7" * 64},
+             "pyvenv.cfg": {"kind": "venv", "sha256": "8" * 64},
+             "bin/x": {"kind": "wheel", "sha256": "9" * 64, "relocated_from_sha256": "a" * 64},
+             f"{sp}/a-1.dist-info/RECORD": {"kind": "wheel", "sha256": "b" * 64}}
+    assert manifest.fingerprint({"files": moved}) == base
+    # a file a wheel installs does
+    changed = {**files, f"{sp}/a.py": {"kind": "wheel", "sha256": "c" * 64}}
+    assert manifest.fingerprint({"files": changed}) != base
+
+
+def test_library_rules() -> None:
+    from oracle_build.identity import library_mismatches
+
+    built = {"/usr/lib/libc.so.6": "a" * 64, "/py/lib/python3.11/lib-dynload/_ssl.so": "b" * 64}
+
+    def facts(files: dict[str, str | None]) -> dict[str, Any]:
+        return {"python": {"base_prefix": "/py"}, "libraries": {"prefix": "/v", "files": files}}
+
+    assert library_mismatches(built, facts({**built, "/v/lib/torch/libgomp.so.1": None})) == []
+    # the base interpreter's own extensions may differ in which are loaded
+    assert library_mismatches(built, facts({**built, "/py/lib/python3.11/lib-dynload/x.so":
+                                            "c" * 64})) == []
+    (bad,) = library_mismatches(built, facts({**built, "/usr/lib/libgomp.so.1": "d" * 64}))
+    assert bad[0] == "library /usr/lib/libgomp.so.1" and "LD_LIBRARY_PATH" in bad[2]
+    (bad,) = library_mismatches(built, facts({**built, "/usr/lib/libc.so.6": "e" * 64}))
+    assert "changed since the build" in bad[2]
+    (bad,) = library_mismatches(built, {"libraries": {"error": "no /proc"}})
+    assert bad[0] == "mapped libraries"
+
+
+def test_oracle_env_scrubs_the_loader(monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from oracle_build.core import env as envmod
+
+    monkeypatch.setenv("LD_PRELOAD", "/tmp/evil.so")
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/lib/x86_64-linux-gnu")
+    monkeypatch.setattr(envmod, "_told", set())
+    env = envmod.oracle_env({"LD_LIBRARY_PATH": "/opt/cuda/lib64"})
+    assert "LD_PRELOAD" not in env and env["LD_LIBRARY_PATH"] == "/opt/cuda/lib64"
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+    assert "LD_PRELOAD not passed to the oracle" in capsys.readouterr().err
+    assert envmod.recorded({"LD_LIBRARY_PATH": "x", "OMP_NUM_THREADS": "2"}) == {
+        "LD_LIBRARY_PATH": "x", "OMP_NUM_THREADS": "2"}

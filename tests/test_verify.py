@@ -189,3 +189,21 @@ def test_oracle_mismatch_names_fields(cpu_oracle: BuiltOracle, tmp_path: Path,
     assert "driver: no engine asked for (end of input); exiting" in text
     assert "LLM engine" not in text and "# exit 0" in text
 
+
+
+@pytest.mark.slow
+def test_content_fingerprint_is_identity(cpu_oracle: BuiltOracle, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A golden records the oracle's content fingerprint (every wheel file's path and
+    sha256); verify compares it with the anchor's, at identity level, before any engine."""
+    anchor = json.loads((cpu_oracle.venv.parent / f"{cpu_oracle.venv.name}.anchor.json")
+                        .read_text())
+    assert len(anchor["content_fingerprint"]) == 64
+    folder = copy_tree_for_golden(tmp_path)
+    edit_golden(folder, lambda d: d["oracle"].update(content_fingerprint="0" * 64))
+    code = main(["verify", str(folder), "--home", str(cpu_oracle.home)])
+    out, err = capsys.readouterr()
+    assert code == 3, out
+    assert f"content_fingerprint: golden {'0' * 64}, current {anchor['content_fingerprint']}" \
+        in out
+    assert "==> engine" not in err and "tokens:" not in out

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from oracle_build import identity
+from oracle_build import identity, manifest
 from oracle_build.build.plan import Plan, plan
 from oracle_build.build.record import RECORD_SCHEMA
 from oracle_build.build.steps import run
@@ -50,17 +50,19 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
     oracle = OracleVenv(layout.oracle_path(home, pin.key))
     target = pin.target(target_name)
     with held(layout.build_lock(home, pin.key), what=f"build_oracle {pin.key}", wait=wait):
-        if oracle.is_real_dir() and not oracle.has_record():
+        if oracle.is_real_dir() and (not oracle.has_record() or (
+                record_schema(oracle) >= RECORD_SCHEMA
+                and not manifest.anchor_path(oracle.path).is_file())):
             aside = layout.set_aside(home, "incomplete", pin.key)
             os.rename(oracle.path, aside)
-            say(f"{oracle.path} has no build record (an interrupted publish?): it is not the "
-                f"oracle; moved to {aside} and building again")
+            say(f"{oracle.path} has no build record or no anchor (an interrupted publish?): "
+                f"it is not the oracle; moved to {aside} and building again")
         if oracle.exists() and not rebuild and record_schema(oracle) < RECORD_SCHEMA:
             aside = layout.set_aside(home, "replaced", pin.key)
             os.rename(oracle.path, aside)
             say(f"{oracle.path} was built by an earlier oracle-build (build record schema "
-                f"{record_schema(oracle)}, no file manifest): moved to {aside}; building it "
-                "again, from the wheelhouse where it can")
+                f"{record_schema(oracle)}: its identity covers less than this one checks): "
+                f"moved to {aside}; building it again, from the wheelhouse where it can")
         if oracle.exists() and not rebuild:
             say(f"oracle already at {oracle.path}; re-checking its identity")
             ident = identity.check(pin, target, oracle.path)

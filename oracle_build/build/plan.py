@@ -154,6 +154,12 @@ def rust_switches(decision: str | None) -> tuple[dict[str, str], tuple[str, ...]
 
 
 def _uv(*args: str, when: str | None = None) -> Cmd:
+    """A uv command. Every install into the oracle venv compiles its bytecode there and then
+    (checked-hash pycs: SOURCE_DATE_EPOCH makes py_compile write them), so the manifest holds
+    every .pyc Python will load and Python never writes one later."""
+    if args[:2] == ("pip", "install"):
+        return Cmd([uv(), *args[:2], "--compile-bytecode", *args[2:]],
+                   env={**envmod.UV, **envmod.BYTECODE}, when=when)
     return Cmd([uv(), *args], env=dict(envmod.UV), when=when)
 
 

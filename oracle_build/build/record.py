@@ -16,13 +16,15 @@ from oracle_build.build.plan import UV_VERSION
 from oracle_build.contracts.pins import GitSource
 from oracle_build.core import layout
 from oracle_build.core.errors import IdentityMismatch
-from oracle_build.core.files import atomic_write_json
+from oracle_build.core.files import atomic_write_json, sha256_file
 from oracle_build.oracle_venv import OracleVenv
 
 if TYPE_CHECKING:
     from oracle_build.build.steps import BuildState
 
-RECORD_SCHEMA = 2  # 2: the venv's file manifest (oracle-build/manifest.json)
+# 2: the venv's file manifest (oracle-build/manifest.json); 3: bytecode in the manifest, the
+# mapped libraries, the content fingerprint, and the anchor beside the venv
+RECORD_SCHEMA = 3
 
 
 def build_record(state: BuildState, ident: identity.Identity) -> dict[str, Any]:
@@ -47,7 +49,7 @@ def build_record(state: BuildState, ident: identity.Identity) -> dict[str, Any]:
         "origin": state.origin,
         "source": state.facts.get("source"),
         "externals": state.facts.get("externals"),
-        "externals_declared": state.facts.get("externals_declared"),
+        "externals_declared": (state.facts.get("checkout") or {}).get("externals_declared"),
         "build_requirements": state.facts.get("build_requirements"),
         "wheel": state.facts.get("wheel"),
         "compiled_arches": state.facts.get("compiled_arches"),
@@ -61,6 +63,9 @@ def build_record(state: BuildState, ident: identity.Identity) -> dict[str, Any]:
         "timings": dict(state.steps.timings),
         "log": str(layout.record_dir(p.venv) / layout.BUILD_LOG),
         "identity": ident.summary(),
+        # every shared library the oracle's process mapped outside its venv, with its sha256
+        # (those inside are the manifest's): identity compares the next process's with these
+        "libraries": identity.outside_libraries(ident.facts),
     }
 
 
@@ -81,7 +86,11 @@ def publish(state: BuildState) -> identity.Identity:
                            startup=manifest.outside_startup(ident.facts, p.staging_venv),
                            hashed=state.hashed)
     atomic_write_json(manifest.path(p.staging_venv), files)
+    fingerprint = manifest.fingerprint(files)
+    moved["content_fingerprint"] = fingerprint
     moved["manifest"] = {"files": len(files["files"]), "symlinks": len(files["symlinks"]),
+                         "bytecode": sum(1 for f in files["files"].values()
+                                         if f["kind"] == "bytecode"),
                          "bytes": sum(f["size"] for f in files["files"].values()),
                          "startup_outside": files["startup_outside"],
                          "created_utc": files["created_utc"]}
@@ -111,6 +120,11 @@ def publish(state: BuildState) -> identity.Identity:
         3)
     atomic_write_json(final_venv.record_dir / layout.IDENTITY_FACTS, final.facts)
     atomic_write_json(final_venv.record_path, moved)
+    # the anchor, outside the venv: written last, once the record is final (an oracle without
+    # its anchor is an interrupted publish, never the oracle)
+    manifest.write_anchor(p.venv, manifest_sha256=sha256_file(manifest.path(p.venv)),
+                          record_sha256=sha256_file(final_venv.record_path),
+                          content_fingerprint=fingerprint)
     if replaced is not None:
         shutil.rmtree(replaced, ignore_errors=True)
     shutil.rmtree(p.staging, ignore_errors=True)

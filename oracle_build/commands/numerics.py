@@ -35,7 +35,7 @@ from oracle_build.core.errors import (
     BadInput,
 )
 from oracle_build.core.files import atomic_write_bytes, atomic_write_json, read_text
-from oracle_build.core.layout import build_record_path, utc_now
+from oracle_build.core.layout import beside_record, build_record_path, utc_now
 from oracle_build.core.log import say
 
 OK_LINE = "ORACLE_NUMERICS_OK"
@@ -183,12 +183,11 @@ def numerics(*, pin: Pin, pin_path: Path, target: str | None, battery: Path, hom
 
 
 def record(oracle: engine.Oracle, out: Outcome, *, complete: bool) -> None:
-    """The fingerprint and verdict, in the oracle's build record."""
-    path = build_record_path(oracle.venv.path)
-    if not path.is_file() or oracle.venv.path.is_symlink():
+    """The fingerprint and verdict, beside the oracle's build record (never in it)."""
+    if not build_record_path(oracle.venv.path).is_file() or oracle.venv.path.is_symlink():
         return
-    data: dict[str, Any] = json.loads(path.read_text())
-    data["numerics"] = {"utc": utc_now(), "set": str(out.set_dir),
+    path = beside_record(oracle.venv.path, "numerics")
+    data: dict[str, Any] = {"utc": utc_now(), "set": str(out.set_dir),
                         "verdict": out.line or f"exit {out.exit_code}",
                         "fingerprint": out.fingerprint, "whole_battery": complete,
                         "captured": out.captured,

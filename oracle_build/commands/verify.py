@@ -156,6 +156,11 @@ def identity_diffs(rec: Recorded, oracle: engine.Oracle) -> list[FieldDiff]:
     if rec.oracle.pin_hash != oracle.pin.content_hash:
         diffs.append(FieldDiff(field="pin_hash", golden=rec.oracle.pin_hash,
                                current=oracle.pin.content_hash, cls="identity"))
+    if rec.oracle.content_fingerprint is not None and \
+            rec.oracle.content_fingerprint != oracle.content_fingerprint:
+        # every installed file, hashed: the same pin installed differently is another oracle
+        diffs.append(FieldDiff(field="content_fingerprint", golden=rec.oracle.content_fingerprint,
+                               current=oracle.content_fingerprint, cls="identity"))
     old_d = rec.oracle.identity.get("distributions") or {}
     new_d = now.get("distributions") or {}
     for name in sorted(set(old_d) | set(new_d)):

@@ -168,6 +168,9 @@ class OracleRecord(Strict):
     target: str
     identity: dict[str, Any]
     build_record_sha256: str
+    # the oracle's content fingerprint (every wheel file's path and sha256, hashed): the same
+    # for the same pin on any host; verify compares it (absent in goldens before it existed)
+    content_fingerprint: Sha256 | None = None
     embedded_pin: EmbeddedPin | None = None
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from oracle_build.core.log import say
+
 # Never reaches the oracle's python: each would change what gets imported or built.
 SCRUBBED = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP",
             "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "VIRTUAL_ENV", "VLLM_USE_PRECOMPILED")
@@ -17,7 +19,7 @@ SCRUBBED = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP",
 BUILD_DROPPED_PREFIXES = ("UV_", "SETUPTOOLS_SCM_PRETEND", "VLLM_USE_PRECOMPILED", "GIT_")
 # Recorded in goldens and logs: every variable that can change what vLLM computes.
 RECORDED_PREFIXES = ("VLLM_", "CUDA", "TORCH", "TRITON_", "FLASHINFER_", "NCCL", "CUBLAS",
-                     "OMP_", "KMP_", "MKL_", "PYTORCH_", "LD_PRELOAD", "HIP_", "ROCM_")
+                     "OMP_", "KMP_", "MKL_", "PYTORCH_", "LD_", "HIP_", "ROCM_")
 # Shown in a command's log when the environment it ran under differs from ours.
 SHOWN_PREFIXES = ("VLLM_", "PYTHON", "CUDA", "TORCH", "CMAKE", "PIP_", "UV_", "GIT_")
 
@@ -26,14 +28,35 @@ SHOWN_PREFIXES = ("VLLM_", "PYTHON", "CUDA", "TORCH", "CMAKE", "PIP_", "UV_", "G
 # sampler.py in one oracle appeared in the next build). An oracle owns copies.
 UV = {"UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1",
       "UV_LINK_MODE": "copy"}
+# Bytecode compiled at install is part of the oracle's identity: hash-based pycs (py_compile
+# writes checked-hash pycs when SOURCE_DATE_EPOCH is set), whose bytes do not depend on when
+# the files were unpacked, and which Python never rewrites while the source is unchanged.
+BYTECODE = {"SOURCE_DATE_EPOCH": "315532800"}
+# The oracle's processes never write bytecode into it: the venv stays as its manifest says.
+ORACLE_RUN = {"PYTHONDONTWRITEBYTECODE": "1"}
+# The dynamic loader's variables choose which shared libraries run (LD_LIBRARY_PATH put the
+# system's libgomp in place of torch's own): never inherited; a pin's target env may set them.
+LOADER_PREFIX = "LD_"
 # git may only use transports that move data; never ext:: or fd:: (they run commands).
 GIT = {"GIT_ALLOW_PROTOCOL": "file:https:http:ssh:git", "GIT_TERMINAL_PROMPT": "0",
        "GIT_CONFIG_NOSYSTEM": "1", "GIT_ADVICE": "0"}
 
 
+_told: set[str] = set()
+
+
 def oracle_env(overlay: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a process run by the oracle's python."""
-    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
+    """The environment of a process run by the oracle's python: the caller's, less what is
+    scrubbed and the loader's variables, plus ``overlay`` (the pin's target env)."""
+    loader = sorted(k for k in os.environ if k.startswith(LOADER_PREFIX))
+    untold = [k for k in loader if k not in _told and k not in (overlay or {})]
+    if untold:
+        say(f"note: {', '.join(untold)} not passed to the oracle (the shared libraries it "
+            "maps are part of its identity; a pin's target env may set them)")
+        _told.update(untold)
+    env = {k: v for k, v in os.environ.items()
+           if k not in SCRUBBED and not k.startswith(LOADER_PREFIX)}
+    env.update(ORACLE_RUN)
     env.update(overlay or {})
     return env
 

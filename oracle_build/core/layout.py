@@ -2,7 +2,9 @@
 formats. Every path the tool writes is spelled here, once.
 
     <home>/oracles/<pin key>/                 a built oracle venv (the commit point: a rename)
-    <home>/oracles/<pin key>/oracle-build/    its build record, identity facts, build log
+    <home>/oracles/<pin key>/oracle-build/    its build record, identity facts, build log;
+                                              later facts beside it (numerics, deep-identity)
+    <home>/oracles/<pin key>.anchor.json      the manifest's and record's sha256, fingerprint
     <home>/staging/<pin key>.<stamp>-<pid>/   a build in progress (kept on failure)
     <home>/replaced/, <home>/incomplete/      oracles set aside, never deleted silently
     <home>/wheelhouse/<pin key>/              wheels (default; ORACLE_BUILD_WHEELHOUSE)
@@ -59,6 +61,12 @@ def record_dir(venv: Path) -> Path:
 
 def build_record_path(venv: Path) -> Path:
     return venv / RECORD_DIR / BUILD_RECORD
+
+
+def beside_record(venv: Path, name: str) -> Path:
+    """Facts learned after publish (the last deep identity check, the numerics battery's
+    verdict): beside the build record, never in it (its sha256 is what goldens record)."""
+    return venv / RECORD_DIR / f"{name}.json"
 
 
 def staging_dir(home: Path, pin_key: str) -> Path:

@@ -128,22 +128,78 @@ def extension_files(package_dir):
     return sorted(out, key=lambda e: e["path"])
 
 
-def startup_files():
-    """Files Python runs at every start-up from sys.path: sitecustomize, usercustomize and
-    .pth files (the harness compares them with the build's)."""
+STARTUP_STEMS = ("sitecustomize", "usercustomize")
+
+
+def _sha256(path):
     import hashlib
 
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def startup_files():
+    """Files Python may run at every start-up from sys.path, in every form: .pth files, and
+    sitecustomize / usercustomize as source, as sourceless .pyc, as bytecode in __pycache__,
+    as an extension module or as a package (the harness compares them with the build's)."""
     out = {}
+
+    def add(path):
+        real = os.path.realpath(path)
+        if os.path.isfile(real):
+            out[real] = _sha256(real)
+        elif os.path.isdir(real):
+            for root, _dirs, files in os.walk(real):
+                for name in files:
+                    add(os.path.join(root, name))
+
     for entry in sys.path:
         if not entry or not os.path.isdir(entry):
             continue
         for name in sorted(os.listdir(entry)):
-            if name in ("sitecustomize.py", "usercustomize.py") or name.endswith(".pth"):
-                path = os.path.realpath(os.path.join(entry, name))
-                if os.path.isfile(path):
-                    with open(path, "rb") as fh:
-                        out[path] = hashlib.sha256(fh.read()).hexdigest()
+            if name.endswith(".pth") or name.split(".")[0] in STARTUP_STEMS:
+                add(os.path.join(entry, name))
+        cache = os.path.join(entry, "__pycache__")
+        if os.path.isdir(cache):
+            for name in sorted(os.listdir(cache)):
+                if name.split(".")[0] in STARTUP_STEMS:
+                    add(os.path.join(cache, name))
+    for stem in STARTUP_STEMS:  # whatever Python actually imported under that name
+        module = sys.modules.get(stem)
+        path = getattr(module, "__file__", None)
+        if path:
+            add(path)
     return out
+
+
+def mapped_libraries():
+    """Every shared library and executable this process has mapped (its own memory map),
+    after vLLM, torch and their kernels loaded: what runs, not what should. Files outside
+    sys.prefix are hashed here; those inside the venv are its manifest's to check."""
+    prefix = os.path.realpath(sys.prefix)
+    out = {}
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            lines = fh.readlines()
+    except OSError as exc:
+        return {"error": str(exc)}
+    for line in lines:
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/"):
+            continue
+        path = parts[5].strip()
+        base = os.path.basename(path)
+        if path.endswith(" (deleted)") or not (".so" in base or path == sys.executable
+                                               or os.path.realpath(sys.executable) == path):
+            continue
+        if path in out or not os.path.isfile(path):
+            continue
+        inside = path == prefix or path.startswith(prefix + os.sep)
+        out[path] = None if inside else _sha256(path)
+    return {"prefix": prefix, "files": out}
 
 
 def package_facts(package_dir):
@@ -286,6 +342,7 @@ def main(argv):
             kernel = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc),
                       "traceback": traceback.format_exc(limit=5)}
     facts["kernel"] = kernel
+    facts["libraries"] = mapped_libraries()
     tmp = out_path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(facts, fh, indent=1)
