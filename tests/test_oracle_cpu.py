@@ -374,7 +374,7 @@ def test_what_runs_is_what_is_checked(cpu_oracle: BuiltOracle, tmp_path: Path,
     with_ld = target.model_copy(update={"env": {**target.env,
                                                 "LD_LIBRARY_PATH": "/usr/lib/x86_64-linux-gnu"}})
     facts = identity.run_probe(venv, with_ld)
-    mapped = set((facts["libraries"]["files"]))
+    mapped = set(facts["libraries"]["files"])
     if not any("/usr/lib/x86_64-linux-gnu/libgomp" in p for p in mapped):
         pytest.fail("the system's libgomp was not mapped under LD_LIBRARY_PATH: "
                     + ", ".join(sorted(p for p in mapped if "gomp" in p)))
