@@ -4,8 +4,12 @@
 
 (a) a cold build of the CPU oracle (empty wheelhouse: every wheel downloaded);
 (b) a rebuild from the wheelhouse (fresh home, wheelhouse kept);
-(c) the floor: what any reinstall must do, a bare offline uv install of the same wheels
-    into an empty venv plus the first `import vllm` (--with-pip: the install with pip, once);
+(c) the floor: the same work without oracle-build, a bare offline uv install of the same
+    wheels into an empty venv compiling their bytecode (`--compile-bytecode`: an oracle's
+    bytecode is part of its identity, so it is compiled at install) plus the first
+    `import vllm`; (c0) for the record, the plain install without bytecode plus the first
+    import (which then compiles only what it imports) (--with-pip: the install with pip,
+    once);
 (d) the identity check alone against a bare `import vllm` in the same venv.
 (b) and (c) run paired, round by round. Prints medians and ratios; targets: (b) <= 1.05x
 (c); (d) <= 1.2x. verify's and capture's speed is benchmarks/ci_speed.py.
@@ -99,7 +103,9 @@ def main() -> int:
     req.write_text("".join(e.requirement_line() + "\n" for e in pin.require_lock()))
     env = {**envmod.build_env(), **envmod.UV}
     neutral = Path(tempfile.mkdtemp(prefix="neutral-"))
-    bs, cs = [], []
+    bs: list[float] = []
+    cs: list[float] = []
+    c0s: list[float] = []
     for n in range(args.runs):
         home = work / f"home-b{n}"
         env_b = cold_env(work, f"b{n}")
@@ -113,11 +119,13 @@ def main() -> int:
             shutil.rmtree(home)
         venv = work / f"floor{n}"
 
-        def floor(venv: Path = venv, fenv: dict[str, str] = env) -> None:
-            """What any reinstall must do: a venv, the locked wheels installed offline,
-            and the first `import vllm` (which compiles every module's bytecode)."""
+        def floor(venv: Path = venv, fenv: dict[str, str] = env,
+                  compile_bytecode: bool = True) -> None:
+            """The same work by hand: a venv, the locked wheels installed offline (their
+            bytecode compiled, as the oracle's is), and the first `import vllm`."""
             run([uv(), "venv", "--python", "3.11", "--no-project", str(venv)], env=fenv)
             run([uv(), "pip", "install", "--python", str(venv / "bin/python"),
+                 *(["--compile-bytecode"] if compile_bytecode else []),
                  "--offline", "--no-index", "--find-links", str(wheelhouse / pin.key),
                  "--no-deps", "--require-hashes", "-r", str(req)], env=fenv)
             run([str(venv / "bin/python"), "-I", "-c", "import vllm"], cwd=neutral, env=fenv)
@@ -126,16 +134,27 @@ def main() -> int:
         cs.append(timed(lambda venv=venv, cold=cold: floor(venv, cold)))  # type: ignore[misc]
         shutil.rmtree(venv)
         shutil.rmtree(work / f"xdg-c{n}", ignore_errors=True)  # a cold cache is 4 GB
-        print(f"  round {n + 1}: rebuild {bs[-1]:.2f} s, floor {cs[-1]:.2f} s", flush=True)
+        cold = {**env, "XDG_CACHE_HOME": str(work / f"xdg-p{n}")}
+        c0s.append(timed(lambda venv=venv, cold=cold: floor(  # type: ignore[misc]
+            venv, cold, compile_bytecode=False)))
+        shutil.rmtree(venv)
+        shutil.rmtree(work / f"xdg-p{n}", ignore_errors=True)
+        print(f"  round {n + 1}: rebuild {bs[-1]:.2f} s, floor {cs[-1]:.2f} s, plain floor "
+              f"{c0s[-1]:.2f} s", flush=True)
     print(f"(b) rebuild from the wheelhouse (cold uv cache): {fmt(bs)}", flush=True)
     steps = record["timings"]
     print("    its steps (last run): " + ", ".join(f"{k} {v:.1f}s" for k, v in steps.items()),
           flush=True)
     oracle_venv = layout.oracle_path(work / "home-b0", pin.key)
-    print(f"(c) floor: offline uv install + first `import vllm`, cold cache: {fmt(cs)}",
-          flush=True)
+    print(f"(c) floor: offline uv install --compile-bytecode + first `import vllm`, cold "
+          f"cache: {fmt(cs)}", flush=True)
     print(f"    ratio (b)/(c): {median(bs) / median(cs):.2f}x  (target <= 1.05x)", flush=True)
-    results.update(b_rebuild_s=bs, c_floor_s=cs, b_over_c=median(bs) / median(cs))
+    print(f"(c0) plain floor: the install without bytecode + first `import vllm`: {fmt(c0s)}",
+          flush=True)
+    print(f"    ratio (b)/(c0): {median(bs) / median(c0s):.2f}x  (for the record: the price "
+          "of bytecode as identity)", flush=True)
+    results.update(b_rebuild_s=bs, c_floor_s=cs, b_over_c=median(bs) / median(cs),
+                   c0_plain_floor_s=c0s, b_over_c0=median(bs) / median(c0s))
     if args.with_pip:
         venv = work / "pipfloor"
 

@@ -1,8 +1,8 @@
-"""Run the fault and bad-input suite and write its figures into the README.
+"""Run the fault and bad-input suite and write its figures into docs/reliability.md.
 
     python benchmarks/reliability.py            # runs tests/test_fuzz.py and tests/test_faults.py
 
-The README's Reliability section (between the reliability markers) is regenerated from what
+docs/reliability.md's figures (between the reliability markers) is regenerated from what
 the suite counted in this run: inputs tried per reader, kill points survived, concurrency
 and hostile-environment cases. A failing suite writes nothing.
 """
@@ -50,13 +50,13 @@ def main() -> int:
     code = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_fuzz.py",
                            "tests/test_faults.py"], cwd=REPO, env=env, check=False).returncode
     if code != 0:
-        print("the suite failed; README left as it was", file=sys.stderr)
+        print("the suite failed; docs/reliability.md left as it was", file=sys.stderr)
         return code
     data = json.loads(out.read_text())
-    readme = REPO / "README.md"
+    readme = REPO / "docs" / "reliability.md"
     text = readme.read_text()
     if START not in text or END not in text:
-        print("README has no reliability markers", file=sys.stderr)
+        print("docs/reliability.md has no reliability markers", file=sys.stderr)
         return 2
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)

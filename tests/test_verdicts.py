@@ -538,3 +538,23 @@ def test_oracle_env_scrubs_the_loader(monkeypatch: pytest.MonkeyPatch,
     assert "LD_PRELOAD not passed to the oracle" in capsys.readouterr().err
     assert envmod.recorded({"LD_LIBRARY_PATH": "x", "OMP_NUM_THREADS": "2"}) == {
         "LD_LIBRARY_PATH": "x", "OMP_NUM_THREADS": "2"}
+
+
+def test_imported_text_is_printed_on_one_line(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """An imported golden's prose (the source's own reasons) is printed escaped: a newline in
+    it cannot print a line of its own."""
+    src = REPO / "tests" / "data" / "vllm.cpp" / "nemotron_35_lightning_greedy"
+    doc = json.loads((src / "oracle.json").read_text())
+    doc["capture"]["unrecoverable_reason"] = "gone\nverify: pass 1 (exit 0)\n=> PASS"
+    folder = tmp_path / "src"
+    folder.mkdir()
+    (folder / "oracle.json").write_text(json.dumps(doc))
+    assert main(["import", str(folder), "--out", str(tmp_path / "goldens")]) == 0
+    capsys.readouterr()
+    code, out, _err = run(capsys, "verify", str(tmp_path / "goldens" / "src"), "--home",
+                          str(tmp_path / "home"))
+    assert code == 4
+    assert "gone\\nverify: pass 1" in out
+    assert not any(line.strip() in ("=> PASS", "verify: pass 1 (exit 0)")
+                   for line in out.splitlines())

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from oracle_build import engine, host, judge
+from oracle_build.contracts.base import printable
 from oracle_build.contracts.golden import (
     RESOLVED_KEYS,
     Golden,
@@ -394,7 +395,8 @@ def offline_verdict(golden: Golden, path: Path) -> GoldenVerdict:
         notes.append("tokens: no second run or candidate in the source to compare offline")
     summary = judge.summarize(results).line(golden.gate.kind) if results else ""
     return GoldenVerdict(name=golden.name, path=str(path), status="config_unrecorded",
-                         why=UNRECORDED_BANNER, notes=notes, adjudicable=False,
+                         why=UNRECORDED_BANNER, notes=[printable(n) for n in notes],
+                         adjudicable=False,
                          tokens=[r.as_dict() for r in results], summary=summary)
 
 

@@ -89,6 +89,12 @@ Count = Annotated[int, Field(ge=0, strict=True)]
 CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 
+def printable(text: str) -> str:
+    """``text`` with every control character shown as an escape, for printing a value read
+    from someone else's file on one line (a newline could otherwise print a verdict)."""
+    return CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
+
+
 def control_characters(value: Any, where: str = "") -> list[tuple[str, str]]:
     """(field, problem) for every string in ``value`` (keys included) holding a control
     character (a tab aside): a value that is printed could otherwise print a line of its own
