@@ -7,12 +7,20 @@ reads goldens.
 
 from __future__ import annotations
 
+import argparse
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from oracle_build import engine, host, judge
+from oracle_build.commands.common import (
+    DEFAULT_SPEC,
+    EXIT_CODES_HELP,
+    Subparsers,
+    add_home_args,
+    homes,
+)
 from oracle_build.contracts.base import printable
 from oracle_build.contracts.golden import (
     RESOLVED_KEYS,
@@ -41,9 +49,9 @@ from oracle_build.core.errors import (
     EXIT_OK,
     BadInput,
 )
-from oracle_build.core.layout import utc_now
+from oracle_build.core.layout import captures_dir, utc_now
 from oracle_build.core.log import say
-from oracle_build.report import UNRECORDED_BANNER
+from oracle_build.report import UNRECORDED_BANNER, ci_reports, render
 
 IDENTITY_FIELDS = ("vllm", "torch", "transformers", "flashinfer", "device")
 OTHER_VARIANT = "captured under CPU kernel variant"
@@ -409,3 +417,73 @@ def exit_code(verdicts: list[GoldenVerdict]) -> int:
         if status in statuses:
             return code
     return EXIT_OK
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def register(sub: Subparsers) -> None:
+    v = sub.add_parser(
+        "verify", help="re-run goldens: identity, then configuration, then tokens",
+        description="For each golden (default: every goldens/*/golden.json): check the "
+        "oracle's identity against the golden's, re-run under the golden's recorded "
+        "configuration (one engine start per distinct configuration), report configuration "
+        "differences before any token result, then per prompt the first divergence and the "
+        "margin there, classified near-tie or real, and apply the golden's gate. Never "
+        "modifies a golden.", epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    v.add_argument("goldens", nargs="*", help="golden folders or golden.json files")
+    v.add_argument("--oracle", "--pin", metavar="PIN", dest="oracle",
+                   help="run the goldens on this pin's built oracle instead of their own: "
+                   "identity differences first (ORACLE DIFFERS, package by package), then the "
+                   "configuration and the tokens and margins, not adjudicable; exit 3. "
+                   "Without it: the pin file the golden's spec names, or, when that file is "
+                   "not there, the copy of its pin the golden carries, found in the home by "
+                   "its hash (nothing is built)")
+    v.add_argument("--junit-xml", metavar="PATH",
+                   help="also write a JUnit XML report (one test case per golden prompt) for "
+                   "CI test reporters")
+    v.add_argument("--summary-md", metavar="PATH",
+                   help="also write a Markdown summary (identity, configuration, token table, "
+                   "gate); appended to $GITHUB_STEP_SUMMARY too when that is set")
+    v.add_argument("--cross-target", action="store_true",
+                   help="run goldens recorded for another target on this host's target of "
+                   "their pin (or of --oracle's): the target difference is reported at "
+                   "identity level, tokens shown, not adjudicable; exit 3")
+    add_home_args(v, json_help="machine-readable report "
+                   "(schema: oracle_build/contracts/schemas/verify-report.schema.json)")
+    v.set_defaults(func=run_verify)
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from oracle_build.commands.capture import capture
+
+    home, _ = homes(args)
+    pin_override = None
+    if args.oracle:
+        from oracle_build.contracts.pins import load_pin
+
+        pin_override = load_pin(Path(args.oracle))
+    report = verify([Path(p) for p in args.goldens], home=home, pin_override=pin_override,
+                    cross_target=args.cross_target)
+    if args.json:
+        print(report.model_dump_json(indent=2))
+    else:
+        print(render(report))
+    ci_reports(report, junit_path=args.junit_xml, summary_path=args.summary_md)
+    if not args.goldens and only_other_variants(report) and DEFAULT_SPEC.is_dir():
+        # The main job on a machine of another CPU kernel variant (AVX2 vs AVX-512 BF16 vs
+        # AMX): the bundled goldens are not this host's numbers. End well, and prove what
+        # this host can: capture the embedded default here, then verify that capture.
+        say(f"the bundled goldens were captured under another CPU kernel variant (this host: "
+            f"{host.host().cpu_variant}); proving what this host can instead: capturing "
+            f"{DEFAULT_SPEC} here and verifying that capture")
+        written = capture([DEFAULT_SPEC], home=home, out=captures_dir(home))
+        own = verify(written, home=home)
+        print(own.model_dump_json(indent=2) if args.json else render(own))
+        ci_reports(own, junit_path=args.junit_xml, summary_path=args.summary_md)
+        if own.exit_code == EXIT_OK:
+            print(f"this host's own capture verified ({written[0]}); the bundled goldens are "
+                  "NOT VERIFIABLE HERE (another CPU kernel variant), not drift")
+        return own.exit_code
+    return report.exit_code
