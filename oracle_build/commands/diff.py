@@ -22,7 +22,7 @@ from oracle_build.commands.common import (
     add_home_args,
     homes,
 )
-from oracle_build.commands.verify import config_diffs, discover
+from oracle_build.commands.verify import discover
 from oracle_build.contracts.golden import load_golden, recorded
 from oracle_build.contracts.pins import Pin
 from oracle_build.contracts.reports import (
@@ -104,7 +104,7 @@ def diff(pin_a: Pin, pin_b: Pin, paths: list[Path], *, home: Path,
         difference = judge.first_topk_difference(
             [p.id for p in golden.prompts], run_a["leg_tables"][0].cut(rec.logprobs + 1),
             run_b["leg_tables"][0], rec.logprobs)
-        numerics, context = config_diffs(
+        numerics, context = judge.config_diffs(
             _recorded_as(rec, ra, run_a),
             {"engine": rb.engine_record(), "environment": rb.environment,
              "sampling": run_b["sampling"], "calls": rec.batch["calls"]})

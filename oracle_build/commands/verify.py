@@ -87,57 +87,6 @@ def records_complete(rec: Recorded, path: Path) -> None:
                        "verified; re-capture it with `capture`")
 
 
-def _flat(prefix: str, value: Any, out: dict[str, Any]) -> None:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _flat(f"{prefix}.{k}", v, out)
-    else:
-        out[prefix] = value
-
-
-def _setting_value(item: Any) -> Any:
-    if hasattr(item, "unreadable"):
-        return {"unreadable": item.unreadable}
-    return item.value
-
-
-def config_diffs(rec: Recorded, new: dict[str, Any]) -> tuple[list[FieldDiff],
-                                                              list[FieldDiff]]:
-    """Every recorded setting that differs between the golden and the re-run, split into
-    numerics (a configuration difference) and context (reported, never failing)."""
-    golden = rec.golden
-    old: dict[str, Any] = {}
-    cur: dict[str, Any] = {}
-    for key, item in rec.engine.resolved.items():
-        old[f"resolved.{key}"] = _setting_value(item)
-    for key, item in new["engine"].resolved.items():
-        cur[f"resolved.{key}"] = _setting_value(item)
-    for key, backend in rec.engine.backends.items():
-        old[f"backends.{key}"] = _setting_value(backend)
-    for key, backend in new["engine"].backends.items():
-        cur[f"backends.{key}"] = _setting_value(backend)
-    _flat("requested", dict(rec.engine.requested), old)
-    _flat("requested", dict(new["engine"].requested), cur)
-    _flat("environment", dict(rec.environment), old)
-    _flat("environment", dict(new["environment"]), cur)
-    _flat("sampling", dict(golden.sampling), old)
-    _flat("sampling", dict(new["sampling"]), cur)
-    old["batch.calls"] = rec.batch.get("calls")
-    cur["batch.calls"] = new["calls"]
-    numerics: list[FieldDiff] = []
-    context: list[FieldDiff] = []
-    tightened: dict[str, str] = dict(golden.classification)
-    for key in sorted(set(old) | set(cur)):
-        a, b = old.get(key, "<not recorded>"), cur.get(key, "<not recorded>")
-        if a == b:
-            continue
-        cls = judge.classify_setting(key, tightened)
-        diff = FieldDiff(field=key, golden=a, current=b,
-                         cls="numerics" if cls == "numerics" else "context")
-        (numerics if cls == "numerics" else context).append(diff)
-    return numerics, context
-
-
 def wheel_diff(rec: Recorded, oracle: engine.Oracle) -> list[FieldDiff]:
     """The vLLM wheel's sha256 (or commit) the golden's pin names against the current
     pin's, when the golden carries its pin."""
@@ -207,7 +156,7 @@ def verdict(item: Item, result: engine.EngineResult, run: dict[str, Any]) -> Gol
            "sampling": run["sampling"],
            "calls": [[g.prompts[i].id for i in call]
                      for call in engine.run_from_golden(item.rec)["calls"]]}
-    numerics, context = config_diffs(item.rec, new)
+    numerics, context = judge.config_diffs(item.rec, new)
     band = g.gate.band_nats
     results = token_results(g, run["legs"][0], band)
     difference = judge.first_topk_difference(
