@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 
 from oracle_build.cli import main
-from oracle_build.contracts.golden import load_golden, publish
+from oracle_build.contracts.golden import load_golden
 from oracle_build.contracts.pins import load_pin
 from oracle_build.contracts.spec import load_spec
 from oracle_build.core.errors import BadInput
 from oracle_build.core.files import load_json, sha256_file
 from oracle_build.core.proc import Cmd
+from oracle_build.goldens import publish
 from oracle_build.interop import vllmcpp
 from tests.conftest import CPU_PIN, GPU_PIN, REPO, TINY_SPEC
 

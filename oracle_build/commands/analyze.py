@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from oracle_build import engine, judge
+from oracle_build import engine, goldens, judge
 from oracle_build.commands.capture import make_job, prepare
 from oracle_build.commands.common import (
     EXIT_CODES_HELP,
@@ -26,8 +26,8 @@ def _session(golden: Golden, path: Path, home: Path, *,
              changes: dict[str, Any] | None = None) -> engine.EngineSession:
     """An engine session under a golden's recorded configuration (with ``changes``)."""
     rec = recorded(golden, path)
-    oracle = engine.Oracles(home).get(rec.pin(path, unpack_to=layout.pins_dir(home)),
-                                      rec.oracle.target)
+    pin = goldens.golden_pin(rec, path, unpack_to=layout.pins_dir(home))
+    oracle = engine.Oracles(home).get(pin, rec.oracle.target)
     model = engine.recorded_model(rec, path, home, oracle)
     return engine.EngineSession(oracle, model, {**rec.engine.requested, **(changes or {})},
                                 home)

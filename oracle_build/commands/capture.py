@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oracle_build import engine, host, judge
+from oracle_build import engine, goldens, host, judge
 from oracle_build.commands.common import (
     DEFAULT_SPEC,
     EXIT_CODES_HELP,
@@ -34,7 +34,6 @@ from oracle_build.contracts.golden import (
     ReplacedRecord,
     RunRecord,
     load_golden,
-    publish,
 )
 from oracle_build.contracts.pins import Pin, load_pin
 from oracle_build.contracts.spec import Spec, load_spec, spec_file
@@ -261,7 +260,7 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
                     if job.golden_path.exists() and reason:
                         golden = golden.model_copy(update={"replaces": replaced_record(
                             job.golden_path, reason)})
-                    kept = publish(golden, job.golden_path, replace=replace)
+                    kept = goldens.publish(golden, job.golden_path, replace=replace)
                     if kept:
                         say(f"    kept the replaced golden at {kept} (reason: {reason})")
                     say(f"    wrote {job.golden_path} ({len(golden.prompts)} prompts, "

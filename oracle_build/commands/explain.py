@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from oracle_build import engine, host, judge
+from oracle_build import engine, goldens, host, judge
 from oracle_build.commands.common import (
     EXIT_CODES_HELP,
     Subparsers,
@@ -97,7 +97,7 @@ def explain(path: Path, *, home: Path, vary: dict[str, list[Any]] | None = None,
     model: Path | None
     if golden.configuration_recorded and golden.source is None:
         rec = recorded(golden, path)
-        pin = rec.pin(path, unpack_to=layout.pins_dir(home))
+        pin = goldens.golden_pin(rec, path, unpack_to=layout.pins_dir(home))
         target_name = rec.oracle.target
         model = None  # resolved once the oracle is open (a battery model needs it)
         base_args = dict(rec.engine.requested)

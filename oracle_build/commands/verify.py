@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oracle_build import engine, host, judge
+from oracle_build import engine, goldens, host, judge
 from oracle_build.commands.common import (
     DEFAULT_SPEC,
     EXIT_CODES_HELP,
@@ -216,7 +216,7 @@ def verify(paths: list[Path], *, home: Path, oracles: engine.Oracles | None = No
         rec = recorded(golden, path)
         records_complete(rec, path)
         reason = judge.admit_gate(golden, path)
-        pin = pin_override or rec.pin(path, unpack_to=layout.pins_dir(home))
+        pin = pin_override or goldens.golden_pin(rec, path, unpack_to=layout.pins_dir(home))
         if cross_target:
             # run it on this host's target of the pin (a GB10 golden on Thor, or on the CPU
             # oracle); the target difference is reported at identity level
