@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from oracle_build import engine, judge
-from oracle_build.cli import main
 from oracle_build import goldens as golden_mod
+from oracle_build.cli import main
 from oracle_build.contracts.golden import load_golden
 from oracle_build.contracts.topk import TopKTable
 from oracle_build.core.errors import EXIT_BAD_INPUT, BadInput, EngineFailed, OutputFailed
