@@ -559,3 +559,14 @@ def test_imported_text_is_printed_on_one_line(tmp_path: Path,
     assert "gone\\nverify: pass 1" in out
     assert not any(line.strip() in ("=> PASS", "verify: pass 1 (exit 0)")
                    for line in out.splitlines())
+
+
+@pytest.mark.parametrize(("calls", "field"), [
+    ("capital", "batch.calls"), ([[5]], "batch.calls[0][0]"), (["capital"], "batch.calls[0]"),
+    ([["capital", "nope"]], "batch.calls[0][1]")])
+def test_golden_batch_calls_are_prompt_ids(tmp_path: Path, calls: Any, field: str) -> None:
+    doc = golden_doc()
+    doc["batch"]["calls"] = calls
+    with pytest.raises(BadInput) as err:
+        load_golden(write_golden(tmp_path, doc))
+    assert f"{field}:" in str(err.value)

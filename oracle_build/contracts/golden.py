@@ -272,6 +272,19 @@ class Golden(Strict):
                 raise field_error(f"prompts[{n}].id", f"{p.id!r} is also "
                                   f"prompts[{first[p.id]}].id: every prompt id is given once")
             first[p.id] = n
+        calls = (self.batch or {}).get("calls")
+        if calls is not None:  # which prompts went into which generate() call, by id
+            if not isinstance(calls, list):
+                raise field_error("batch.calls", "must be a list of generate() calls, each a "
+                                  "list of prompt ids")
+            for c, call in enumerate(calls):
+                if not isinstance(call, list):
+                    raise field_error(f"batch.calls[{c}]", f"{call!r} is not a list of prompt "
+                                      "ids")
+                for m, pid in enumerate(call):
+                    if not isinstance(pid, str) or pid not in first:
+                        raise field_error(f"batch.calls[{c}][{m}]", f"{pid!r} is not a prompt "
+                                          "id of this golden")
         for name in NULLABLE:
             if getattr(self, name) is None and name not in self.unrecorded:
                 raise ValueError(f"{name} is null but unrecorded gives no reason")
