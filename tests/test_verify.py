@@ -205,6 +205,6 @@ def test_content_fingerprint_is_identity(cpu_oracle: BuiltOracle, tmp_path: Path
     code = main(["verify", str(folder), "--home", str(cpu_oracle.home)])
     out, err = capsys.readouterr()
     assert code == 3, out
-    assert f"content_fingerprint: golden {'0' * 64}, current {anchor['content_fingerprint']}" \
-        in out
+    line = next(ln for ln in out.splitlines() if "content_fingerprint:" in ln)
+    assert "golden 0000" in line and f"current {anchor['content_fingerprint'][:12]}" in line
     assert "==> engine" not in err and "tokens:" not in out
