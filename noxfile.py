@@ -19,6 +19,8 @@ from pathlib import Path
 
 import nox
 
+# "uv|virtualenv" (a backend with a fallback) and error_on_missing_interpreters as used here
+nox.needs_version = ">=2024.3.2"
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["build_oracle", "verify"]

@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from oracle_build import engine, host, judge  # noqa: E402
+from oracle_build import engine, goldens, host, judge  # noqa: E402
 from oracle_build.commands.verify import records_complete, token_results  # noqa: E402
 from oracle_build.contracts.golden import load_golden, publish, recorded  # noqa: E402
 from oracle_build.contracts.spec import load_spec  # noqa: E402
@@ -82,7 +82,7 @@ def bare_request(home: Path, legs: int, work: Path) -> tuple[Path, dict[str, str
     environment, and the oracle's python."""
     path = GOLDEN / "golden.json"
     rec = recorded(load_golden(path), path)
-    pin = rec.pin(path, unpack_to=layout.pins_dir(home))
+    pin = goldens.golden_pin(rec, path, unpack_to=layout.pins_dir(home))
     oracle = engine.open_oracle(pin, rec.oracle.target, home)
     model = engine.recorded_model(rec, path, home, oracle)
     request = {"model": str(model), "engine_args": dict(rec.engine.requested),

@@ -1,6 +1,7 @@
 """Judgement, once: first divergence, margins from recorded top-k (nats, and vllm.cpp's
 milli-nats), exact tie, near-tie or real, whether repeated legs agree, which gate a golden
-may use, and whether a recorded setting is numerics or context. Pure functions; capture,
+may use, whether a recorded setting is numerics or context, and which recorded settings
+differ between a golden and a re-run (config_diffs). Pure functions; capture,
 verify, compare, margin, determinism, explain and the vllm.cpp interop all call these."""
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from oracle_build.contracts.golden import Golden
+from oracle_build.contracts.golden import Golden, Recorded
+from oracle_build.contracts.reports import FieldDiff
 from oracle_build.contracts.topk import TopKTable, first_difference
 from oracle_build.core.errors import BadInput
 
@@ -252,3 +254,54 @@ def first_topk_difference(ids: Sequence[str], reference: TopKTable | None,
                       np.zeros((0, 1), dtype=np.int32), np.zeros((0, 1), dtype=np.float32))
     return first_difference(ids, reference if reference is not None else empty,
                             new.cut(k + 1) if new is not None else empty)
+
+
+def _flat(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flat(f"{prefix}.{k}", v, out)
+    else:
+        out[prefix] = value
+
+
+def _setting_value(item: Any) -> Any:
+    if hasattr(item, "unreadable"):
+        return {"unreadable": item.unreadable}
+    return item.value
+
+
+def config_diffs(rec: Recorded, new: dict[str, Any]) -> tuple[list[FieldDiff],
+                                                              list[FieldDiff]]:
+    """Every recorded setting that differs between the golden and the re-run, split into
+    numerics (a configuration difference) and context (reported, never failing)."""
+    golden = rec.golden
+    old: dict[str, Any] = {}
+    cur: dict[str, Any] = {}
+    for key, item in rec.engine.resolved.items():
+        old[f"resolved.{key}"] = _setting_value(item)
+    for key, item in new["engine"].resolved.items():
+        cur[f"resolved.{key}"] = _setting_value(item)
+    for key, backend in rec.engine.backends.items():
+        old[f"backends.{key}"] = _setting_value(backend)
+    for key, backend in new["engine"].backends.items():
+        cur[f"backends.{key}"] = _setting_value(backend)
+    _flat("requested", dict(rec.engine.requested), old)
+    _flat("requested", dict(new["engine"].requested), cur)
+    _flat("environment", dict(rec.environment), old)
+    _flat("environment", dict(new["environment"]), cur)
+    _flat("sampling", dict(golden.sampling), old)
+    _flat("sampling", dict(new["sampling"]), cur)
+    old["batch.calls"] = rec.batch.get("calls")
+    cur["batch.calls"] = new["calls"]
+    numerics: list[FieldDiff] = []
+    context: list[FieldDiff] = []
+    tightened: dict[str, str] = dict(golden.classification)
+    for key in sorted(set(old) | set(cur)):
+        a, b = old.get(key, "<not recorded>"), cur.get(key, "<not recorded>")
+        if a == b:
+            continue
+        cls = classify_setting(key, tightened)
+        diff = FieldDiff(field=key, golden=a, current=b,
+                         cls="numerics" if cls == "numerics" else "context")
+        (numerics if cls == "numerics" else context).append(diff)
+    return numerics, context

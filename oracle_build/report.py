@@ -4,9 +4,13 @@ gate). The same reports are written for machines as JSON by their models (contra
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 from oracle_build.contracts.reports import VerifyReport
+from oracle_build.core.files import atomic_write_bytes
+from oracle_build.core.log import say
 
 UNRECORDED_BANNER = "CONFIGURATION UNRECORDED: NOT ADJUDICABLE"
 
@@ -193,3 +197,21 @@ def summary_md(report: VerifyReport) -> str:
                          + {True: "PASS", False: "FAIL", None: "not judged"}[v.gate.passed])
             lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def ci_reports(report: VerifyReport, *, junit_path: str | None,
+               summary_path: str | None) -> None:
+    """--junit-xml, --summary-md, and $GITHUB_STEP_SUMMARY (appended) when set."""
+    if junit_path:
+        atomic_write_bytes(Path(junit_path), junit_xml(report))
+        say(f"junit xml: {junit_path}")
+    if summary_path:
+        atomic_write_bytes(Path(summary_path), summary_md(report).encode())
+        say(f"summary: {summary_path}")
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        try:
+            with open(step_summary, "a", encoding="utf-8") as fh:
+                fh.write(summary_md(report))
+        except OSError as exc:
+            say(f"could not append to GITHUB_STEP_SUMMARY ({step_summary}): {exc}")

@@ -11,6 +11,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -224,3 +225,26 @@ def junit_xsd() -> Path:
             assert member is not None
             xsd.write_bytes(member.read())
     return xsd
+
+
+def golden_says(doc: dict[str, Any], prompt: int, position: int, token: int, *,
+                keep_original: bool) -> None:
+    """Edit a format-1 golden document so that it says ``token`` at ``position``, as a golden
+    captured by another oracle would: its tokens, its legs and its own top-k row agree (the
+    token is the row's top-1, with the top-1's logprob). ``keep_original``: the token the
+    golden said before stays in the row, with the new token's old logprob (a near-tie the
+    other way round); otherwise it leaves the row (a real divergence, outside the top-k)."""
+    p = doc["prompts"][prompt]
+    row = p["topk"][position]
+    original = p["token_ids"][position]
+    top_lp = row[0][1]
+    if keep_original:
+        old_lp = next(lp for t, lp in row if t == token)
+        rest = [[t, old_lp if t == original else lp] for t, lp in row if t != token]
+        rest.sort(key=lambda e: -e[1])
+    else:
+        rest = [[t, lp] for t, lp in row[1:] if t not in (token, original)]
+    p["topk"][position] = [[token, top_lp], *rest]
+    p["token_ids"][position] = token
+    for leg in (doc.get("legs") or {}).get("tokens", []):
+        leg[prompt][position] = token

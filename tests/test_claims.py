@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from oracle_build.cli import main
-from oracle_build.commands.verify import config_diffs
 from oracle_build.contracts.golden import ReadValue, load_golden, recorded
 from oracle_build.contracts.pins import load_pin
 from oracle_build.core import layout
 from oracle_build.core.errors import PreflightFailed
 from oracle_build.core.filelock import held
+from oracle_build.judge import config_diffs
 from tests.conftest import CPU_PIN, REPO, TINY_SPEC, git_pin_text
 
 

@@ -12,7 +12,7 @@ import pytest
 from oracle_build.cli import main
 from oracle_build.commands.explain import parse_vary
 from oracle_build.contracts import schemas
-from tests.conftest import BuiltOracle, copy_tree_for_golden
+from tests.conftest import BuiltOracle, copy_tree_for_golden, golden_says
 
 
 def edit(folder: Path, change: Any) -> None:
@@ -72,9 +72,9 @@ def test_impossible_golden_and_budget(cpu_oracle: BuiltOracle, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     folder = copy_tree_for_golden(tmp_path)
 
-    def scramble(d: dict[str, Any]) -> None:
-        for p in d["prompts"]:
-            p["token_ids"][3] = (p["token_ids"][3] + 1) % 300
+    def scramble(d: dict[str, Any]) -> None:  # a token no configuration gives, at position 3
+        for n, p in enumerate(d["prompts"]):
+            golden_says(d, n, 3, (p["token_ids"][3] + 1) % 300, keep_original=False)
 
     edit(folder, scramble)
     out = tmp_path / "explain.json"

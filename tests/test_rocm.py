@@ -162,9 +162,9 @@ def test_on_the_amd_box_the_default_pin_is_the_gpu_pin(monkeypatch: pytest.Monke
     box = host.Host("x86_64", "Linux", gpus, 64 << 30, 128 << 30, "x86_64-avx512")
     monkeypatch.setattr(host, "host", lambda: box)
     monkeypatch.chdir(REPO)
-    from oracle_build import cli
+    from oracle_build.commands.common import find_default_pin
 
-    path = cli._find_default_pin()
+    path = find_default_pin()
     assert path.name == GPU_PIN.name
     assert host.choose_target(load_pin(path), box) == "gfx1100"
 

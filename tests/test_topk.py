@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 
 from oracle_build import engine, judge
+from oracle_build import goldens as golden_mod
 from oracle_build.cli import main
-from oracle_build.contracts import golden as golden_mod
-from oracle_build.contracts.golden import load_golden, publish
+from oracle_build.contracts.golden import load_golden
 from oracle_build.contracts.topk import TopKTable
 from oracle_build.core.errors import EXIT_BAD_INPUT, BadInput, EngineFailed, OutputFailed
 from oracle_build.core.files import sha256_file
+from oracle_build.goldens import publish
 from oracle_build.interop import vllmcpp
 from tests.conftest import TINY_SPEC
 

@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 
 from oracle_build.cli import main
-from oracle_build.contracts.golden import load_golden, publish
+from oracle_build.contracts.golden import load_golden
 from oracle_build.contracts.pins import load_pin
 from oracle_build.contracts.spec import load_spec
 from oracle_build.core.errors import BadInput
 from oracle_build.core.files import load_json, sha256_file
 from oracle_build.core.proc import Cmd
+from oracle_build.goldens import publish
 from oracle_build.interop import vllmcpp
 from tests.conftest import CPU_PIN, GPU_PIN, REPO, TINY_SPEC
 
@@ -440,21 +441,15 @@ def pin_with(tmp_path: Path, old: str, new: str) -> Path:
     return path
 
 
-def test_external_name_is_a_safe_name(tmp_path: Path) -> None:
-    text = GPU_PIN.read_text()
-    first = text.split("[[externals]]", 1)[1]
-    name_line = next(ln for ln in first.splitlines() if ln.startswith("name = "))
-    path = pin_with(tmp_path, name_line, 'name = "../../../../tmp/x"')
-    with pytest.raises(BadInput, match=r"externals\[0\]\.name"):
-        load_pin(path, check_lock=False)
-
-
-def test_external_src_dir_var_is_a_src_dir(tmp_path: Path) -> None:
-    text = GPU_PIN.read_text()
-    first = text.split("[[externals]]", 1)[1]
-    line = next(ln for ln in first.splitlines() if ln.startswith("src_dir_var = "))
-    path = pin_with(tmp_path, line, 'src_dir_var = "VLLM_USE_PRECOMPILED"')
-    with pytest.raises(BadInput, match=r"externals\[0\]\.src_dir_var"):
+@pytest.mark.parametrize(("key", "value"), [
+    ("name", "../../../../tmp/x"),  # would put its clone outside staging
+    ("src_dir_var", "VLLM_USE_PRECOMPILED"),  # would reach the wheel build's environment
+])
+def test_external_fields_cannot_escape(tmp_path: Path, key: str, value: str) -> None:
+    first = GPU_PIN.read_text().split("[[externals]]", 1)[1]
+    line = next(ln for ln in first.splitlines() if ln.startswith(f"{key} = "))
+    path = pin_with(tmp_path, line, f"{key} = {json.dumps(value)}")
+    with pytest.raises(BadInput, match=rf"externals\[0\]\.{key}"):
         load_pin(path, check_lock=False)
 
 
@@ -558,3 +553,14 @@ def test_imported_text_is_printed_on_one_line(tmp_path: Path,
     assert "gone\\nverify: pass 1" in out
     assert not any(line.strip() in ("=> PASS", "verify: pass 1 (exit 0)")
                    for line in out.splitlines())
+
+
+@pytest.mark.parametrize(("calls", "field"), [
+    ("capital", "batch.calls"), ([[5]], "batch.calls[0][0]"), (["capital"], "batch.calls[0]"),
+    ([["capital", "nope"]], "batch.calls[0][1]")])
+def test_golden_batch_calls_are_prompt_ids(tmp_path: Path, calls: Any, field: str) -> None:
+    doc = golden_doc()
+    doc["batch"]["calls"] = calls
+    with pytest.raises(BadInput) as err:
+        load_golden(write_golden(tmp_path, doc))
+    assert f"{field}:" in str(err.value)

@@ -568,15 +568,23 @@ def rust_facts(checkout: Path) -> RustFacts:
                      switch.group(1) if switch else None)
 
 
+COMMIT_ID = re.compile(r"__commit_id__\s*=\s*(?:commit_id\s*=\s*)?['\"](g?[0-9a-f]+)['\"]")
+
+
+def commit_id_in(version_py: str) -> str | None:
+    """``__commit_id__`` as vllm/_version.py's text records it (``g<hex>``), or None."""
+    m = COMMIT_ID.search(version_py)
+    return m.group(1) if m else None
+
+
 def version_commit_id(checkout_or_package: Path) -> str | None:
     """``__commit_id__`` from vllm/_version.py (``g<hex>``), where the file has one."""
     for path in (checkout_or_package / "vllm" / "_version.py",
                  checkout_or_package / "_version.py"):
         if path.is_file():
-            m = re.search(r"__commit_id__\s*=\s*(?:commit_id\s*=\s*)?['\"](g?[0-9a-f]+)['\"]",
-                          path.read_text(errors="replace"))
-            if m:
-                return m.group(1)
+            found = commit_id_in(path.read_text(errors="replace"))
+            if found:
+                return found
     return None
 
 

@@ -340,16 +340,16 @@ def check_wheel(state: BuildState, step: Step) -> None:
         raise BuildFailed(f"the pin says rust_frontend = {decision!r}; the wheel "
                           + ("holds" if rust else "lacks") + " vllm/vllm-rs",
                           hint="check cargo on this host and the build log's build_rust lines")
-    m = re.search(r"__commit_id__\s*=\s*(?:commit_id\s*=\s*)?['\"]g?([0-9a-f]+)['\"]",
-                  version_py)
-    if m and not src.commit.startswith(m.group(1)):
-        raise BuildFailed(f"the wheel's vllm/_version.py names commit g{m.group(1)}, the pin "
+    commit_id = checkout.commit_id_in(version_py)
+    if commit_id and not src.commit.startswith(commit_id.removeprefix("g")):
+        raise BuildFailed(f"the wheel's vllm/_version.py names commit {commit_id}, the pin "
                           f"says {src.commit}")
     state.wheel = wheel
     state.origin = "built"
     state.facts["wheel"] = {"file": wheel.name, "sha256": sha256_file(wheel),
                             "version": str(version), "rust_frontend": rust,
-                            "commit_id": f"g{m.group(1)}" if m else None}
+                            "commit_id": (f"g{commit_id.removeprefix('g')}" if commit_id
+                                          else None)}
     if p.target.device == "cuda":
         check_compiled_arches(state, wheel)
     if p.target.device == "rocm":

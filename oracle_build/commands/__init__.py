@@ -1,1 +1,26 @@
-"""One module per command: capture, verify, analyze (margin, determinism), compare, explain."""
+"""One module per command: its options (``register``), its run and its rendering. The CLI
+(``cli.py``) only builds the parser from this table and maps errors to exit codes."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from oracle_build.commands import (
+    analyze,
+    build,
+    capture,
+    compare,
+    diff,
+    explain,
+    externals,
+    identity,
+    lock,
+    numerics,
+    schema,
+    verify,
+    vllmcpp,
+)
+
+# in the order `--help` lists them
+COMMANDS: tuple[ModuleType, ...] = (build, identity, lock, externals, capture, verify, numerics,
+                                    diff, analyze, compare, vllmcpp, explain, schema)

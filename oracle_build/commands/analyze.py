@@ -3,23 +3,31 @@ determinism probe (K legs of the recorded configuration in one process)."""
 
 from __future__ import annotations
 
+import argparse
+import json
 from pathlib import Path
 from typing import Any
 
-from oracle_build import engine, judge
+from oracle_build import engine, goldens, judge
 from oracle_build.commands.capture import make_job, prepare
+from oracle_build.commands.common import (
+    EXIT_CODES_HELP,
+    Subparsers,
+    add_home_args,
+    homes,
+)
 from oracle_build.contracts.candidate import load_candidate, pair
 from oracle_build.contracts.golden import Golden, golden_file, load_golden, recorded
 from oracle_build.core import layout
-from oracle_build.core.errors import BadInput
+from oracle_build.core.errors import EXIT_OK, BadInput
 
 
 def _session(golden: Golden, path: Path, home: Path, *,
              changes: dict[str, Any] | None = None) -> engine.EngineSession:
     """An engine session under a golden's recorded configuration (with ``changes``)."""
     rec = recorded(golden, path)
-    oracle = engine.Oracles(home).get(rec.pin(path, unpack_to=layout.pins_dir(home)),
-                                      rec.oracle.target)
+    pin = goldens.golden_pin(rec, path, unpack_to=layout.pins_dir(home))
+    oracle = engine.Oracles(home).get(pin, rec.oracle.target)
     model = engine.recorded_model(rec, path, home, oracle)
     return engine.EngineSession(oracle, model, {**rec.engine.requested, **(changes or {})},
                                 home)
@@ -107,3 +115,72 @@ def determinism(path: Path, *, home: Path, legs: int = 5) -> dict[str, Any]:
             "disagreements": agreement.disagreements,
             "engine_start_seconds": result.start_seconds,
             "leg_seconds": result.runs[0]["leg_seconds"]}
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def register(sub: Subparsers) -> None:
+    mg = sub.add_parser("margin", help="teacher-forced top-k and top-2 margin at one position",
+                        description="Re-run the golden's configuration (prefix caching off) on "
+                        "prompt ids + the golden's tokens before POSITION, one new token, "
+                        "logprobs k; print the top-k and the top-2 margin in nats. With "
+                        "--candidate, on the candidate's prefix, and its gap in mnats.",
+                        epilog=EXIT_CODES_HELP,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    mg.add_argument("golden")
+    mg.add_argument("prompt", help="prompt id or index")
+    mg.add_argument("position", type=int)
+    mg.add_argument("--candidate", help="candidate output file (see `compare`)")
+    mg.add_argument("-k", type=int, default=20, help="top-k (default 20)")
+    add_home_args(mg)
+    mg.set_defaults(func=run_margin)
+    dt = sub.add_parser("determinism", help="K legs of a golden's (or spec's) configuration "
+                        "in one process: is the oracle deterministic under it?",
+                        epilog="exit 0 deterministic, 1 not; other codes as below\n\n"
+                        + EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    dt.add_argument("source", help="golden folder/json, or spec folder/toml")
+    dt.add_argument("--legs", type=int, default=5)
+    add_home_args(dt)
+    dt.set_defaults(func=run_determinism)
+
+
+def run_margin(args: argparse.Namespace) -> int:
+
+    home, _ = homes(args)
+    report = margin(Path(args.golden), args.prompt, args.position, home=home,
+                    candidate=Path(args.candidate) if args.candidate else None, k=args.k)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return EXIT_OK
+    print(f"{report['golden']} prompt {report['prompt']} position {report['position']} "
+          f"(teacher-forced on the {report['prefix']}'s prefix, prefix caching off)")
+    for rank, (tok, lp) in enumerate(report["topk"], start=1):
+        marks = []
+        if tok == report.get("golden_token"):
+            marks.append("golden")
+        if tok == report.get("candidate_token"):
+            marks.append("candidate")
+        print(f"  {rank:>2}. token {tok:>7}  logprob {lp:+.6f}  {' '.join(marks)}")
+    m = report["top2_margin_nats"]
+    print(f"top-2 margin: {'n/a' if m is None else f'{m:.6f} nats'}")
+    if "candidate_gap_mnats" in report:
+        print(f"candidate gap: {report['candidate_gap_mnats']} mnats")
+    return EXIT_OK
+
+
+def run_determinism(args: argparse.Namespace) -> int:
+
+    home, _ = homes(args)
+    report = determinism(Path(args.source), home=home, legs=args.legs)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for leg in report["per_leg"]:
+            extra = (f", matches golden {leg['matches_golden']}/{report['prompts']}"
+                     if "matches_golden" in leg else "")
+            print(f"leg {leg['leg']}: matches leg 0 {leg['matches_leg0']}/{report['prompts']}"
+                  + extra)
+        print(("DETERMINISTIC" if report["deterministic"] else "NON-DETERMINISTIC")
+              + f" under this configuration ({report['legs']} legs, one process)")
+    return EXIT_OK if report["deterministic"] else 1

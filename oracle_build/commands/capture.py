@@ -7,6 +7,7 @@ the publish unless a non-deterministic golden is asked for.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from contextlib import ExitStack
@@ -14,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oracle_build import engine, host, judge
+from oracle_build import engine, goldens, host, judge
+from oracle_build.commands.common import (
+    DEFAULT_SPEC,
+    EXIT_CODES_HELP,
+    Subparsers,
+    add_home_args,
+    homes,
+)
 from oracle_build.contracts.golden import (
     GOLDEN_SCHEMA,
     EmbeddedPin,
@@ -26,12 +34,11 @@ from oracle_build.contracts.golden import (
     ReplacedRecord,
     RunRecord,
     load_golden,
-    publish,
 )
 from oracle_build.contracts.pins import Pin, load_pin
 from oracle_build.contracts.spec import Spec, load_spec, spec_file
 from oracle_build.core import layout
-from oracle_build.core.errors import BadInput, EngineFailed, OutputFailed, Refused
+from oracle_build.core.errors import EXIT_OK, BadInput, EngineFailed, OutputFailed, Refused
 from oracle_build.core.filelock import held
 from oracle_build.core.files import read_text, sha256_bytes, sha256_file
 from oracle_build.core.log import say
@@ -253,10 +260,60 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
                     if job.golden_path.exists() and reason:
                         golden = golden.model_copy(update={"replaces": replaced_record(
                             job.golden_path, reason)})
-                    kept = publish(golden, job.golden_path, replace=replace)
+                    kept = goldens.publish(golden, job.golden_path, replace=replace)
                     if kept:
                         say(f"    kept the replaced golden at {kept} (reason: {reason})")
                     say(f"    wrote {job.golden_path} ({len(golden.prompts)} prompts, "
                         f"{legs.count} legs, legs agree: {legs.agree})")
                     written.append(job.golden_path)
     return written
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def register(sub: Subparsers) -> None:
+    c = sub.add_parser(
+        "capture", help="run the oracle and write goldens that record their full configuration",
+        description="For each spec (goldens/<name> or its spec.toml): check the oracle's "
+        "identity, start the engine once per distinct configuration, run every leg, and "
+        "publish goldens/<name>/golden.json atomically. Never overwrites a golden. With no "
+        "spec: the embedded default (goldens/tiny-llama-greedy), written under the oracle "
+        "home when its committed golden exists.",
+        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("specs", nargs="*", help="spec folders or spec.toml files")
+    c.add_argument("--out", help="write goldens to OUT/<name>/golden.json instead of next to "
+                   "their spec")
+    c.add_argument("--replace", action="store_true",
+                   help="replace an existing golden (needs --reason); the old one is kept "
+                   "under replaced/")
+    c.add_argument("--reason", help="why the golden is re-baselined (a pin bump, a fixed "
+                   "spec): recorded in the new golden with the replaced golden's oracle")
+    c.add_argument("--allow-nondeterministic", action="store_true",
+                   help="publish even if the legs disagree, marked non-deterministic (never "
+                   "usable for a strict gate)")
+    c.add_argument("--target", help="pin target (default: detected)")
+    add_home_args(c, with_json=False)
+    c.set_defaults(func=run_capture)
+
+
+def run_capture(args: argparse.Namespace) -> int:
+    from oracle_build.core.layout import captures_dir
+
+    home, _ = homes(args)
+    out = Path(args.out).resolve() if args.out else None
+    paths = [Path(p) for p in args.specs]
+    if not paths:
+        # The embedded default. Its committed golden is never overwritten, so a capture
+        # with no arguments writes a fresh one under the oracle home instead.
+        paths = [DEFAULT_SPEC]
+        if out is None and (DEFAULT_SPEC / "golden.json").exists() and not args.replace:
+            out = captures_dir(home)
+            say(f"no spec given: capturing the embedded default {DEFAULT_SPEC} into {out} "
+                "(its committed golden is never overwritten)")
+    written = capture(paths, home=home, replace=args.replace,
+                      allow_nondeterministic=args.allow_nondeterministic,
+                      target=args.target, out=out, reason=args.reason)
+    for path in written:
+        print(path)
+    return EXIT_OK

@@ -11,11 +11,18 @@ contracts/schemas/diff.schema.json) is written under the home; nothing under gol
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
 from oracle_build import engine, host, judge
-from oracle_build.commands.verify import config_diffs, discover
+from oracle_build.commands.common import (
+    EXIT_CODES_HELP,
+    Subparsers,
+    add_home_args,
+    homes,
+)
+from oracle_build.commands.verify import discover
 from oracle_build.contracts.golden import load_golden, recorded
 from oracle_build.contracts.pins import Pin
 from oracle_build.contracts.reports import (
@@ -26,6 +33,7 @@ from oracle_build.contracts.reports import (
     PackageChange,
 )
 from oracle_build.core import layout
+from oracle_build.core.errors import EXIT_OK
 from oracle_build.core.files import atomic_write_json
 from oracle_build.core.log import say
 
@@ -96,7 +104,7 @@ def diff(pin_a: Pin, pin_b: Pin, paths: list[Path], *, home: Path,
         difference = judge.first_topk_difference(
             [p.id for p in golden.prompts], run_a["leg_tables"][0].cut(rec.logprobs + 1),
             run_b["leg_tables"][0], rec.logprobs)
-        numerics, context = config_diffs(
+        numerics, context = judge.config_diffs(
             _recorded_as(rec, ra, run_a),
             {"engine": rb.engine_record(), "environment": rb.environment,
              "sampling": run_b["sampling"], "calls": rec.batch["calls"]})
@@ -152,3 +160,38 @@ def render(report: DiffReport, record: Path) -> str:
 
 def _m(value: float | None) -> str:
     return "outside top-k" if value is None else f"{value:.4f} nats"
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def register(sub: Subparsers) -> None:
+    df = sub.add_parser(
+        "diff", help="what moves between two oracles, over goldens' recorded configurations",
+        description="Runs both pins' built oracles (each must pass its own identity), one "
+        "engine at a time, under each golden's recorded prompts, batch composition, sampling "
+        "and engine arguments (default: every goldens/*/golden.json), and reports per golden "
+        "and prompt the first divergence between A and B with both margins, classed exact "
+        "tie, near-tie or real, whether the top-k logprobs are bit-identical, the settings "
+        "the two engines resolved differently, and the package diff; it ends with one line "
+        "per golden: same / moved at near-ties only / moved. The record (schema: "
+        "oracle_build/contracts/schemas/diff.schema.json) is written under HOME/diffs/ for a "
+        "pin-bump pull request to attach. Nothing under goldens/ is written. Exit 0 whatever "
+        "moved (a diff is a report, not a gate).",
+        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    df.add_argument("pin_a", metavar="PIN_A", help="the reference pin (e.g. the current one)")
+    df.add_argument("pin_b", metavar="PIN_B", help="the pin compared with it")
+    df.add_argument("goldens", nargs="*", help="golden folders or golden.json files")
+    df.add_argument("--target", help="pin target (default: detected)")
+    add_home_args(df, json_help="print the record (diff.schema.json) instead of the text")
+    df.set_defaults(func=run_diff)
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    from oracle_build.contracts.pins import load_pin
+
+    home, _ = homes(args)
+    report, record = diff(load_pin(Path(args.pin_a)), load_pin(Path(args.pin_b)),
+                          [Path(p) for p in args.goldens], home=home, target=args.target)
+    print(report.model_dump_json(indent=2) if args.json else render(report, record))
+    return EXIT_OK

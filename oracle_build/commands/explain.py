@@ -12,13 +12,20 @@ schema-versioned artifact; the golden is never written.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import time
 from pathlib import Path
 from typing import Any
 
-from oracle_build import engine, host, judge
+from oracle_build import engine, goldens, host, judge
+from oracle_build.commands.common import (
+    EXIT_CODES_HELP,
+    Subparsers,
+    add_home_args,
+    homes,
+)
 from oracle_build.contracts.golden import Golden, golden_file, load_golden, recorded
 from oracle_build.contracts.pins import load_pin
 from oracle_build.contracts.reports import (
@@ -29,7 +36,7 @@ from oracle_build.contracts.reports import (
     SettingVerdict,
 )
 from oracle_build.core import layout
-from oracle_build.core.errors import BadInput
+from oracle_build.core.errors import EXIT_OK, BadInput
 from oracle_build.core.files import atomic_write_json, sha256_file
 from oracle_build.core.log import fmt_seconds, say
 
@@ -90,7 +97,7 @@ def explain(path: Path, *, home: Path, vary: dict[str, list[Any]] | None = None,
     model: Path | None
     if golden.configuration_recorded and golden.source is None:
         rec = recorded(golden, path)
-        pin = rec.pin(path, unpack_to=layout.pins_dir(home))
+        pin = goldens.golden_pin(rec, path, unpack_to=layout.pins_dir(home))
         target_name = rec.oracle.target
         model = None  # resolved once the oracle is open (a battery model needs it)
         base_args = dict(rec.engine.requested)
@@ -299,3 +306,59 @@ class _State:
 
 
 _MISSING = object()
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def register(sub: Subparsers) -> None:
+    xp = sub.add_parser(
+        "explain", help="find which setting moves a divergent token",
+        description="Run the oracle under candidate configurations: the golden's recorded one "
+        "(for an unrecorded golden: the engine's defaults, with --pin and --model), each "
+        "setting varied one at a time, then combinations of the settings that moved tokens. "
+        "Reports per prompt which configurations reproduce the golden and, for the others, "
+        "the first divergence and its margin; ends with a plain answer. Writes a JSON record "
+        "(never into the golden).", epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    xp.add_argument("golden")
+    xp.add_argument("--vary", action="append", metavar="SETTING=V1,V2",
+                    help="vary only these (repeatable); 'batch' is the batch composition "
+                    "(per_prompt, all). Default: dtype, kv_cache_dtype, enforce_eager, batch, "
+                    "max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, "
+                    "enable_prefix_caching, max_model_len, block_size")
+    xp.add_argument("--budget", type=int, default=12, help="most engine starts (default 12)")
+    xp.add_argument("--pin", help="for an unrecorded golden: the pin of the oracle to run")
+    xp.add_argument("--model", help="for an unrecorded golden: the model folder")
+    xp.add_argument("--out", help="where to write the record (default: HOME/explain/...)")
+    add_home_args(xp)
+    xp.set_defaults(func=run_explain)
+
+
+def run_explain(args: argparse.Namespace) -> int:
+
+    home, _ = homes(args)
+    report, dest = explain(Path(args.golden), home=home,
+                           vary=parse_vary(args.vary) if args.vary else None,
+                           budget=args.budget, pin_path=Path(args.pin) if args.pin else None,
+                           model_path=Path(args.model) if args.model else None,
+                           out=Path(args.out) if args.out else None)
+    if args.json:
+        print(report.model_dump_json(indent=2))
+    else:
+        for c in report.candidates:
+            if c.status != "ok":
+                print(f"  {c.name}: {c.status.upper().replace('_', ' ')}"
+                      + (f" ({c.error})" if c.error else ""))
+                continue
+            cells = []
+            for p in c.prompts:
+                if p.reproduces:
+                    cells.append(f"{p.id} =")
+                else:
+                    m = "outside top-k" if p.golden_margin is None else f"{p.golden_margin:.3f}"
+                    cells.append(f"{p.id} @{p.index} ({m}, {p.kind})")
+            print(f"  {c.name}: " + "; ".join(cells))
+        print(report.answer)
+        print(f"engine starts: {report.engine_starts} (budget {report.budget}); record: {dest}")
+    return EXIT_OK

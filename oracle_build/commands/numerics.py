@@ -14,6 +14,7 @@ oracle's build record, so two hosts compare in one line.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -25,6 +26,14 @@ from typing import Any
 from oracle_build import engine, generators, host
 from oracle_build.commands import capture as capture_cmd
 from oracle_build.commands import verify as verify_cmd
+from oracle_build.commands.common import (
+    EXIT_CODES_HELP,
+    Subparsers,
+    add_pin_args,
+    find_default_pin,
+    homes,
+    pin_and_target,
+)
 from oracle_build.contracts.golden import load_golden
 from oracle_build.contracts.pins import Pin
 from oracle_build.contracts.reports import GoldenVerdict
@@ -193,3 +202,60 @@ def record(oracle: engine.Oracle, out: Outcome, *, complete: bool) -> None:
                         "captured": out.captured,
                         "verified": [v.name for v in out.verified]}
     atomic_write_json(path, data)
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def register(sub: Subparsers) -> None:
+    nm = sub.add_parser(
+        "numerics", help="the kernel battery: ORACLE_NUMERICS_OK when this oracle computes "
+        "the same numbers as its golden set",
+        description="One generated model per kernel family our users' models use (Llama "
+        "fp32 and bf16, Qwen3, Qwen3-MoE, Gemma2, Nemotron-H hybrid Mamba2, Qwen3-Next gated "
+        "delta net + MoE). The golden set for this pin, target and CPU kernel variant "
+        "(BATTERY/sets/<pin key>/<target>/<variant>/) is verified: ORACLE_NUMERICS_OK only "
+        "when every prompt is token-exact and every top-k logprob bit-identical, else "
+        "ORACLE_NUMERICS_DRIFT with architecture, prompt, position and margin (exit 1). "
+        "With no set for this key (a new gate host): it is captured, and the folder to "
+        "commit is printed. Either way the set's fingerprint (sha256 over its tokens and "
+        "logprobs) is printed and kept in the oracle's build record.",
+        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_pin_args(nm)
+    nm.add_argument("--battery", default="goldens/numerics",
+                    help="the battery folder: specs/ and sets/ (default goldens/numerics)")
+    nm.add_argument("--only", nargs="+", metavar="NAME",
+                    help="only these members (spec names in BATTERY/specs)")
+    nm.set_defaults(func=run_numerics)
+
+
+def run_numerics(args: argparse.Namespace) -> int:
+    from oracle_build.contracts.pins import Pin
+    from oracle_build.contracts.reports import VERIFY_REPORT_SCHEMA, VerifyReport
+    from oracle_build.report import render
+
+    pin_path = Path(args.pin) if args.pin else find_default_pin()
+    pin, _target = pin_and_target(argparse.Namespace(**{**vars(args), "pin": str(pin_path)}))
+    assert isinstance(pin, Pin)
+    home, _ = homes(args)
+    out = numerics(pin=pin, pin_path=pin_path, target=args.target, battery=Path(args.battery),
+                   home=home, only=args.only or None)
+    unusual = [v for v in out.verified if v.status != "pass" or not v.logprobs_identical]
+    if unusual:  # the whole verify report for members that did not pass bit for bit
+        print(render(VerifyReport(report_schema=VERIFY_REPORT_SCHEMA, created_utc="",
+                                  exit_code=out.exit_code, goldens=unusual)))
+    for v in out.verified:
+        logprobs = {True: "top-k logprobs bit-identical", False: "top-k logprobs DIFFER",
+                    None: "nothing run"}[v.logprobs_identical]
+        print(f"  {v.name:<12} {v.status.upper():<10} {v.summary.split(';')[0]}; {logprobs}")
+    if out.captured:
+        print(f"captured the golden set for this pin, target and CPU kernel variant: "
+              f"{', '.join(out.captured)}")
+        print(f"  commit it: git add {out.set_dir}")
+    if out.line:
+        print(out.line + (f" {out.fingerprint}" if out.fingerprint else ""))
+    for line in out.drift:
+        print(line)
+    if args.only:
+        say("(fingerprint over the members run with --only, not the whole battery)")
+    return out.exit_code

@@ -7,12 +7,20 @@ reads goldens.
 
 from __future__ import annotations
 
+import argparse
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oracle_build import engine, host, judge
+from oracle_build import engine, goldens, host, judge
+from oracle_build.commands.common import (
+    DEFAULT_SPEC,
+    EXIT_CODES_HELP,
+    Subparsers,
+    add_home_args,
+    homes,
+)
 from oracle_build.contracts.base import printable
 from oracle_build.contracts.golden import (
     RESOLVED_KEYS,
@@ -41,9 +49,9 @@ from oracle_build.core.errors import (
     EXIT_OK,
     BadInput,
 )
-from oracle_build.core.layout import utc_now
+from oracle_build.core.layout import captures_dir, utc_now
 from oracle_build.core.log import say
-from oracle_build.report import UNRECORDED_BANNER
+from oracle_build.report import UNRECORDED_BANNER, ci_reports, render
 
 IDENTITY_FIELDS = ("vllm", "torch", "transformers", "flashinfer", "device")
 OTHER_VARIANT = "captured under CPU kernel variant"
@@ -77,57 +85,6 @@ def records_complete(rec: Recorded, path: Path) -> None:
     if problems:
         raise BadInput(path, problems, hint="a golden that cannot be re-derived cannot be "
                        "verified; re-capture it with `capture`")
-
-
-def _flat(prefix: str, value: Any, out: dict[str, Any]) -> None:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _flat(f"{prefix}.{k}", v, out)
-    else:
-        out[prefix] = value
-
-
-def _setting_value(item: Any) -> Any:
-    if hasattr(item, "unreadable"):
-        return {"unreadable": item.unreadable}
-    return item.value
-
-
-def config_diffs(rec: Recorded, new: dict[str, Any]) -> tuple[list[FieldDiff],
-                                                              list[FieldDiff]]:
-    """Every recorded setting that differs between the golden and the re-run, split into
-    numerics (a configuration difference) and context (reported, never failing)."""
-    golden = rec.golden
-    old: dict[str, Any] = {}
-    cur: dict[str, Any] = {}
-    for key, item in rec.engine.resolved.items():
-        old[f"resolved.{key}"] = _setting_value(item)
-    for key, item in new["engine"].resolved.items():
-        cur[f"resolved.{key}"] = _setting_value(item)
-    for key, backend in rec.engine.backends.items():
-        old[f"backends.{key}"] = _setting_value(backend)
-    for key, backend in new["engine"].backends.items():
-        cur[f"backends.{key}"] = _setting_value(backend)
-    _flat("requested", dict(rec.engine.requested), old)
-    _flat("requested", dict(new["engine"].requested), cur)
-    _flat("environment", dict(rec.environment), old)
-    _flat("environment", dict(new["environment"]), cur)
-    _flat("sampling", dict(golden.sampling), old)
-    _flat("sampling", dict(new["sampling"]), cur)
-    old["batch.calls"] = rec.batch.get("calls")
-    cur["batch.calls"] = new["calls"]
-    numerics: list[FieldDiff] = []
-    context: list[FieldDiff] = []
-    tightened: dict[str, str] = dict(golden.classification)
-    for key in sorted(set(old) | set(cur)):
-        a, b = old.get(key, "<not recorded>"), cur.get(key, "<not recorded>")
-        if a == b:
-            continue
-        cls = judge.classify_setting(key, tightened)
-        diff = FieldDiff(field=key, golden=a, current=b,
-                         cls="numerics" if cls == "numerics" else "context")
-        (numerics if cls == "numerics" else context).append(diff)
-    return numerics, context
 
 
 def wheel_diff(rec: Recorded, oracle: engine.Oracle) -> list[FieldDiff]:
@@ -199,7 +156,7 @@ def verdict(item: Item, result: engine.EngineResult, run: dict[str, Any]) -> Gol
            "sampling": run["sampling"],
            "calls": [[g.prompts[i].id for i in call]
                      for call in engine.run_from_golden(item.rec)["calls"]]}
-    numerics, context = config_diffs(item.rec, new)
+    numerics, context = judge.config_diffs(item.rec, new)
     band = g.gate.band_nats
     results = token_results(g, run["legs"][0], band)
     difference = judge.first_topk_difference(
@@ -259,7 +216,7 @@ def verify(paths: list[Path], *, home: Path, oracles: engine.Oracles | None = No
         rec = recorded(golden, path)
         records_complete(rec, path)
         reason = judge.admit_gate(golden, path)
-        pin = pin_override or rec.pin(path, unpack_to=layout.pins_dir(home))
+        pin = pin_override or goldens.golden_pin(rec, path, unpack_to=layout.pins_dir(home))
         if cross_target:
             # run it on this host's target of the pin (a GB10 golden on Thor, or on the CPU
             # oracle); the target difference is reported at identity level
@@ -409,3 +366,73 @@ def exit_code(verdicts: list[GoldenVerdict]) -> int:
         if status in statuses:
             return code
     return EXIT_OK
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def register(sub: Subparsers) -> None:
+    v = sub.add_parser(
+        "verify", help="re-run goldens: identity, then configuration, then tokens",
+        description="For each golden (default: every goldens/*/golden.json): check the "
+        "oracle's identity against the golden's, re-run under the golden's recorded "
+        "configuration (one engine start per distinct configuration), report configuration "
+        "differences before any token result, then per prompt the first divergence and the "
+        "margin there, classified near-tie or real, and apply the golden's gate. Never "
+        "modifies a golden.", epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    v.add_argument("goldens", nargs="*", help="golden folders or golden.json files")
+    v.add_argument("--oracle", "--pin", metavar="PIN", dest="oracle",
+                   help="run the goldens on this pin's built oracle instead of their own: "
+                   "identity differences first (ORACLE DIFFERS, package by package), then the "
+                   "configuration and the tokens and margins, not adjudicable; exit 3. "
+                   "Without it: the pin file the golden's spec names, or, when that file is "
+                   "not there, the copy of its pin the golden carries, found in the home by "
+                   "its hash (nothing is built)")
+    v.add_argument("--junit-xml", metavar="PATH",
+                   help="also write a JUnit XML report (one test case per golden prompt) for "
+                   "CI test reporters")
+    v.add_argument("--summary-md", metavar="PATH",
+                   help="also write a Markdown summary (identity, configuration, token table, "
+                   "gate); appended to $GITHUB_STEP_SUMMARY too when that is set")
+    v.add_argument("--cross-target", action="store_true",
+                   help="run goldens recorded for another target on this host's target of "
+                   "their pin (or of --oracle's): the target difference is reported at "
+                   "identity level, tokens shown, not adjudicable; exit 3")
+    add_home_args(v, json_help="machine-readable report "
+                   "(schema: oracle_build/contracts/schemas/verify-report.schema.json)")
+    v.set_defaults(func=run_verify)
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from oracle_build.commands.capture import capture
+
+    home, _ = homes(args)
+    pin_override = None
+    if args.oracle:
+        from oracle_build.contracts.pins import load_pin
+
+        pin_override = load_pin(Path(args.oracle))
+    report = verify([Path(p) for p in args.goldens], home=home, pin_override=pin_override,
+                    cross_target=args.cross_target)
+    if args.json:
+        print(report.model_dump_json(indent=2))
+    else:
+        print(render(report))
+    ci_reports(report, junit_path=args.junit_xml, summary_path=args.summary_md)
+    if not args.goldens and only_other_variants(report) and DEFAULT_SPEC.is_dir():
+        # The main job on a machine of another CPU kernel variant (AVX2 vs AVX-512 BF16 vs
+        # AMX): the bundled goldens are not this host's numbers. End well, and prove what
+        # this host can: capture the embedded default here, then verify that capture.
+        say(f"the bundled goldens were captured under another CPU kernel variant (this host: "
+            f"{host.host().cpu_variant}); proving what this host can instead: capturing "
+            f"{DEFAULT_SPEC} here and verifying that capture")
+        written = capture([DEFAULT_SPEC], home=home, out=captures_dir(home))
+        own = verify(written, home=home)
+        print(own.model_dump_json(indent=2) if args.json else render(own))
+        ci_reports(own, junit_path=args.junit_xml, summary_path=args.summary_md)
+        if own.exit_code == EXIT_OK:
+            print(f"this host's own capture verified ({written[0]}); the bundled goldens are "
+                  "NOT VERIFIABLE HERE (another CPU kernel variant), not drift")
+        return own.exit_code
+    return report.exit_code

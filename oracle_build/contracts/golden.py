@@ -11,10 +11,6 @@ overwritten: a replaced golden is kept under replaced/.
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,14 +26,11 @@ from oracle_build.contracts.base import (
     Strict,
     TokenId,
     check_schema_number,
-    safe_name,
 )
-from oracle_build.contracts.pins import Pin, load_pin
 from oracle_build.contracts.spec import Classification, EngineValue, GateSpec
 from oracle_build.contracts.topk import TopKTable
-from oracle_build.core.errors import BadInput, OutputFailed, Refused
+from oracle_build.core.errors import BadInput
 from oracle_build.core.files import (
-    atomic_write_bytes,
     dumps_json,
     field_error,
     load_json,
@@ -45,7 +38,6 @@ from oracle_build.core.files import (
     sha256_bytes,
     validate,
 )
-from oracle_build.core.layout import stamp
 
 # The configuration a golden must carry as resolved by the engine (BRIEF section 5; also
 # vllm.cpp's attributed contract).
@@ -280,6 +272,19 @@ class Golden(Strict):
                 raise field_error(f"prompts[{n}].id", f"{p.id!r} is also "
                                   f"prompts[{first[p.id]}].id: every prompt id is given once")
             first[p.id] = n
+        calls = (self.batch or {}).get("calls")
+        if calls is not None:  # which prompts went into which generate() call, by id
+            if not isinstance(calls, list):
+                raise field_error("batch.calls", "must be a list of generate() calls, each a "
+                                  "list of prompt ids")
+            for c, call in enumerate(calls):
+                if not isinstance(call, list):
+                    raise field_error(f"batch.calls[{c}]", f"{call!r} is not a list of prompt "
+                                      "ids")
+                for m, pid in enumerate(call):
+                    if not isinstance(pid, str) or pid not in first:
+                        raise field_error(f"batch.calls[{c}][{m}]", f"{pid!r} is not a prompt "
+                                          "id of this golden")
         for name in NULLABLE:
             if getattr(self, name) is None and name not in self.unrecorded:
                 raise ValueError(f"{name} is null but unrecorded gives no reason")
@@ -403,73 +408,6 @@ def as_format2(golden: Golden) -> tuple[Golden, tuple[str, bytes] | None]:
     return out, (ref.file, blob)
 
 
-def publish(golden: Golden, path: Path, *, replace: bool) -> Path | None:
-    """Write ``golden`` to ``path``, with its top-k sidecar first; golden.json, linked last
-    and atomically, is the commit point, so a reader sees the whole golden or none. Never
-    overwrites: with ``replace`` the old golden.json (and its sidecar) move to replaced/ and
-    are kept. Returns where the old one went."""
-    golden, sidecar = as_format2(golden)
-    data = golden_json(golden).encode()
-    try:
-        return _publish(data, path, sidecar, replace=replace)
-    except OSError as exc:
-        raise OutputFailed(f"cannot write {path}: {exc.strerror or exc}; nothing was written "
-                           "(the golden is published whole or not at all)",
-                           hint="check the folder's permissions and free space") from None
-
-
-def _old_sidecar(path: Path) -> str | None:
-    try:
-        ref = json.loads(path.read_text(encoding="utf-8")).get("topk")
-    except (OSError, ValueError, AttributeError):
-        return None
-    name = ref.get("file") if isinstance(ref, dict) else None
-    return name if isinstance(name, str) and "/" not in name and not name.startswith(".") \
-        else None
-
-
-def _publish(data: bytes, path: Path, sidecar: tuple[str, bytes] | None, *,
-             replace: bool) -> Path | None:
-    kept: Path | None = None
-    if path.exists() and not replace:
-        raise Refused(f"{path} exists; a golden is never overwritten",
-                      hint="--replace --reason TEXT writes the new one and keeps the old "
-                      "under replaced/")
-    new_side: Path | None = None
-    wrote_side = False
-    if sidecar is not None:
-        new_side = path.parent / sidecar[0]
-        try:
-            atomic_write_bytes(new_side, sidecar[1], overwrite=False)
-            wrote_side = True
-        except FileExistsError:  # the same rows (the name is their hash): keep, or mend
-            if new_side.read_bytes() != sidecar[1]:
-                atomic_write_bytes(new_side, sidecar[1], overwrite=True)
-    old_side: str | None = None
-    try:
-        if path.exists():
-            kept = path.parent / "replaced" / f"{path.stem}.{stamp()}.json"
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            old_side = _old_sidecar(path)
-            if old_side is not None and (path.parent / old_side).exists() and not (
-                    kept.parent / old_side).exists():
-                (kept.parent / old_side).hardlink_to(path.parent / old_side)
-            path.rename(kept)
-        atomic_write_bytes(path, data, overwrite=False)
-    except FileExistsError:
-        if wrote_side and new_side is not None:
-            new_side.unlink(missing_ok=True)
-        raise Refused(f"{path} appeared while this capture ran (another capture?); "
-                      "nothing overwritten") from None
-    except BaseException:
-        if wrote_side and new_side is not None and kept is None:
-            new_side.unlink(missing_ok=True)
-        raise
-    if old_side is not None and (new_side is None or old_side != new_side.name):
-        (path.parent / old_side).unlink(missing_ok=True)  # kept under replaced/
-    return kept
-
-
 @dataclass(frozen=True)
 class Recorded:
     """A golden whose configuration was recorded: what re-running it needs, typed."""
@@ -481,72 +419,6 @@ class Recorded:
     batch: dict[str, Any]
     environment: dict[str, str]
     logprobs: int
-
-    def pin(self, path: Path, *, unpack_to: Path | None = None) -> Pin:
-        """The golden's pin: the file its spec names relative to the golden's folder when
-        it is there (the tree's current pin: if it changed since the capture, identity says
-        so); otherwise the copy the golden carries (a golden copied into another tree),
-        unpacked under ``unpack_to`` and checked against the recorded hash."""
-        rel = self.spec.get("pin")
-        if not isinstance(rel, str):
-            raise BadInput(path, [("spec.pin", "missing")])
-        pin_path = (path.parent / rel).resolve()
-        embedded = self.oracle.embedded_pin
-        if embedded is not None and unpack_to is not None:
-            pin = unpack_pin(embedded, unpack_to, self.oracle.pin_key, self.oracle.pin_hash,
-                             path)
-            if not pin_path.exists():
-                return pin
-        if not pin_path.exists():
-            raise BadInput(path, [("spec.pin", f"{pin_path} not found, and the golden carries "
-                                   "no copy of its pin (captured before goldens did)")],
-                           hint="pass --pin FILE")
-        return load_pin(pin_path)
-
-
-def unpack_pin(embedded: EmbeddedPin, pins: Path, pin_key: str, pin_hash: str,
-               golden_path: Path) -> Pin:
-    """A golden's copy of its pin (and lock), as ``pins/<pin_key>/``: unpacked into a fresh
-    folder under ``pins``, loaded and hashed there, and moved into place only when its hash is
-    the one the golden records; otherwise removed, and nothing else was written. Names were
-    checked as safe names when the golden was read."""
-    for name in (pin_key, embedded.pin_name, embedded.lock_name):
-        if name is not None:
-            safe_name(name)  # the contract's rule, again where the path is made
-    final = pins / pin_key
-    try:
-        pins.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{pin_key}.", dir=pins))
-    except OSError as exc:
-        raise OutputFailed(f"cannot write under {pins}: {exc.strerror or exc}") from None
-    try:
-        atomic_write_bytes(staging / embedded.pin_name, embedded.pin_toml.encode())
-        if embedded.lock_name is not None and embedded.lock_text is not None:
-            atomic_write_bytes(staging / embedded.lock_name, embedded.lock_text.encode())
-        try:
-            pin = load_pin(staging / embedded.pin_name)
-        except BadInput as exc:
-            raise BadInput(golden_path, [("oracle.embedded_pin", f"not a valid pin: "
-                                          f"{exc.message}"[:600])]) from None
-        if pin.content_hash != pin_hash:
-            raise BadInput(golden_path, [("oracle.embedded_pin", f"hashes to "
-                                          f"{pin.content_hash}; the golden records pin_hash "
-                                          f"{pin_hash}")],
-                           hint="the golden was edited or damaged: re-capture it")
-        if final.is_dir() and not final.is_symlink():
-            try:
-                same = load_pin(final / embedded.pin_name).content_hash == pin_hash
-            except BadInput:
-                same = False
-            if same:
-                return load_pin(final / embedded.pin_name)
-            shutil.rmtree(final)  # a damaged earlier unpack (we own this folder)
-        elif final.exists() or final.is_symlink():
-            final.unlink()
-        os.rename(staging, final)
-        return load_pin(final / embedded.pin_name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def recorded(golden: Golden, path: Path) -> Recorded:

@@ -28,7 +28,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from oracle_build import host, judge
+from oracle_build import goldens, host, judge
 from oracle_build.contracts.base import MAX_TOKEN_ID, SAFE_NAME, Strict, TokenId
 from oracle_build.contracts.golden import (
     GOLDEN_SCHEMA,
@@ -41,7 +41,6 @@ from oracle_build.contracts.golden import (
     PromptRecord,
     ReadValue,
     StatedOracle,
-    publish,
     recorded,
 )
 from oracle_build.contracts.spec import GateSpec
@@ -460,7 +459,7 @@ def _build(name: str, path: Path, doc: tuple[dict[str, Any], OracleJson] | None,
 def import_to(path: Path, out: Path, *, name: str | None = None) -> Path:
     golden = import_path(path, name=name)
     dest = out / golden.name / "golden.json"
-    publish(golden, dest, replace=False)
+    goldens.publish(golden, dest, replace=False)
     return dest
 
 

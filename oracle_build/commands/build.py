@@ -1,0 +1,73 @@
+"""build (build-oracle): build the pin's oracle for this host's target, or re-check the one
+in place; --dry-run prints the plan that would run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from oracle_build.commands.common import (
+    EXIT_CODES_HELP,
+    Subparsers,
+    add_pin_args,
+    homes,
+    pin_and_target,
+    print_identity,
+)
+from oracle_build.core.errors import EXIT_OK
+from oracle_build.core.log import say
+
+
+def register(sub: Subparsers) -> None:
+    b = sub.add_parser(
+        "build", aliases=["build-oracle"],
+        help="build the pinned oracle venv and assert its identity",
+        description="Build the pin's oracle into an isolated venv for this host's target, in "
+        "a staging folder, and move it into place only after its identity passes. With the "
+        "venv already in place: re-check identity (seconds).",
+        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_pin_args(b)
+    b.add_argument("--mirror", help="git source for vLLM instead of the pin's URL: a local "
+                   "mirror/clone folder or a .bundle file (env ORACLE_BUILD_VLLM_MIRROR)")
+    b.add_argument("--externals", help="folder holding a local git mirror of each CMake "
+                   "external, named as in the pin (env ORACLE_BUILD_EXTERNALS)")
+    b.add_argument("--checkout", help="a vLLM checkout at the pinned commit to plan from: its "
+                   "externals, precompiled switches, build requirements and Rust front end "
+                   "are read now (the build reads them again from its own clone)")
+    b.add_argument("--rebuild", action="store_true",
+                   help="replace the oracle even if one is in place (e.g. after drift)")
+    b.add_argument("--dry-run", action="store_true",
+                   help="print every step, command and environment variable; run nothing")
+    b.add_argument("--no-wait", action="store_true",
+                   help="if another build of this pin holds the lock, fail instead of waiting")
+    b.set_defaults(func=run_build)
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from oracle_build import build
+
+    pin, target = pin_and_target(args, plan_only=args.dry_run)
+    home, wheelhouse = homes(args)
+    mirror = args.mirror or os.environ.get("ORACLE_BUILD_VLLM_MIRROR")
+    externals = args.externals or os.environ.get("ORACLE_BUILD_EXTERNALS")
+    ext_dir = Path(externals).resolve() if externals else None
+    if args.dry_run:
+        p = build.plan(pin, target, home=home, wheelhouse_root=wheelhouse, mirror=mirror,
+                       externals_dir=ext_dir,
+                       checkout=Path(args.checkout).resolve() if args.checkout else None)
+        if args.json:
+            print(json.dumps(p.as_dict(), indent=2))
+        else:
+            print(p.render())
+        return EXIT_OK
+    outcome = build.build_oracle(pin, target, home=home, wheelhouse_root=wheelhouse,
+                                 mirror=mirror, externals_dir=ext_dir,
+                                 checkout=Path(args.checkout).resolve() if args.checkout else None,
+                                 rebuild=args.rebuild,
+                                 wait=not args.no_wait)
+    print_identity(outcome.identity, args.json)
+    if not outcome.built:
+        say(f"identity re-checked in {outcome.seconds:.1f}s (nothing rebuilt)")
+    return EXIT_OK

@@ -1,0 +1,60 @@
+"""identity: check a built oracle against its pin (--deep: every file hashed)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from oracle_build.commands.common import (
+    EXIT_CODES_HELP,
+    Subparsers,
+    add_pin_args,
+    homes,
+    pin_and_target,
+    print_identity,
+)
+from oracle_build.core.errors import EXIT_OK, OracleMissing
+from oracle_build.core.log import say
+
+
+def register(sub: Subparsers) -> None:
+    i = sub.add_parser("identity", help="check an oracle's identity against its pin",
+                       epilog=EXIT_CODES_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_pin_args(i)
+    i.add_argument("--venv", help="check this venv instead of the pin's built one")
+    i.add_argument("--deep", action="store_true",
+                   help="hash every file instead of only those whose size or mtime changed "
+                   "(for a host whose clock or filesystem cannot be trusted); the build record "
+                   "keeps when it last ran")
+    i.set_defaults(func=run_identity)
+
+
+def run_identity(args: argparse.Namespace) -> int:
+    from oracle_build import identity
+    from oracle_build.core.errors import IdentityMismatch
+    from oracle_build.core.layout import oracle_path
+
+    pin, target = pin_and_target(args)
+    home, _ = homes(args)
+    venv = Path(args.venv) if args.venv else oracle_path(home, pin.key)
+    if not (venv.exists() or venv.is_symlink()):
+        raise OracleMissing(f"no oracle for pin {pin.id} at {venv}",
+                            hint="run `nox -s build_oracle` first")
+    ident = identity.check(pin, pin.target(target), venv, deep=args.deep)
+    print_identity(ident, args.json)
+    if args.deep:
+        from oracle_build.core.files import atomic_write_json
+        from oracle_build.core.layout import beside_record, build_record_path, utc_now
+
+        hashed = ident.files.hashed if ident.files is not None else 0
+        seconds = ident.files.seconds if ident.files is not None else 0.0
+        say(f"deep check: {hashed} files hashed in {seconds:.1f}s")
+        if build_record_path(venv).is_file() and not venv.is_symlink():
+            # beside the build record, never in it: its sha256 is what goldens record
+            atomic_write_json(beside_record(venv, "deep-identity"), {
+                "utc": utc_now(), "ok": ident.ok, "files_hashed": hashed,
+                "seconds": round(seconds, 3), "mismatches": len(ident.mismatches)})
+    if not ident.ok:
+        raise IdentityMismatch(ident.mismatches, where=str(venv))
+    return EXIT_OK
