@@ -38,11 +38,11 @@ sys.path.insert(0, str(REPO))
 from oracle_build import engine, goldens, host, judge  # noqa: E402
 from oracle_build.commands.verify import records_complete, token_results  # noqa: E402
 from oracle_build.contracts.golden import load_golden, recorded  # noqa: E402
-from oracle_build.goldens import publish  # noqa: E402
 from oracle_build.contracts.spec import load_spec  # noqa: E402
 from oracle_build.contracts.topk import TopKTable  # noqa: E402
 from oracle_build.core import env as envmod  # noqa: E402
 from oracle_build.core import layout  # noqa: E402
+from oracle_build.goldens import publish  # noqa: E402
 
 GOLDEN = REPO / "goldens" / "tiny-llama-greedy"
 BARE = """
