@@ -28,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -68,6 +69,33 @@ def fmt(xs: list[float]) -> str:
     return f"median {median(xs):7.2f} s  (runs: {', '.join(f'{x:.2f}' for x in xs)})"
 
 
+def measure_identity(pin: Any, target: Any, oracle_venv: Path, runs: int, neutral: Path,
+                     env: dict[str, str], results: dict[str, object]) -> None:
+    # (d) identity alone vs a bare import of vllm in the same venv
+    ds, bare = [], []
+    for _ in range(runs):
+        bare.append(timed(lambda: run([str(oracle_venv / "bin/python"), "-I", "-c",
+                                       "import vllm"], cwd=neutral, env=env)))
+        ds.append(timed(lambda: identity.check(pin, target, oracle_venv)))
+    # the first import in a new venv also compiles every module's bytecode: (b)'s identity
+    print(f"(d) identity check (probe):                    {fmt(ds)}", flush=True)
+    print(f"    bare `import vllm`:                        {fmt(bare)}", flush=True)
+    print(f"    ratio: {median(ds) / median(bare):.2f}x  (target <= 1.2x)", flush=True)
+    results.update(d_identity_s=ds, d_bare_import_s=bare,
+                   d_ratio=median(ds) / median(bare))
+    # (d') --deep: every installed file hashed (page cache warm after the runs above)
+    deep = [timed(lambda: identity.check(pin, target, oracle_venv, deep=True))
+            for _ in range(runs)]
+    files = identity.check(pin, target, oracle_venv).files
+    size_gb = sum(f.stat().st_size for f in oracle_venv.rglob("*")
+                  if f.is_file() and not f.is_symlink()) / 1e9
+    print(f"(d') identity --deep ({files.files if files else '?'} files, {size_gb:.1f} GB): "
+          f"{fmt(deep)}; {median(deep) / median(bare):.2f}x a bare import", flush=True)
+    results.update(d_deep_s=deep, d_deep_files=files.files if files else None,
+                   d_deep_gb=size_gb)
+
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -75,6 +103,8 @@ def main() -> int:
     ap.add_argument("--skip-cold", action="store_true", help="skip (a), which downloads 1.3 GB")
     ap.add_argument("--with-pip", action="store_true", help="also time pip for (c), once")
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--identity-only", action="store_true",
+                    help="only (d) and (d'), on the default home's built oracle")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="oracle-bench-"))
     pin = load_pin(PIN)
@@ -83,6 +113,12 @@ def main() -> int:
     results: dict[str, object] = {}
     print(f"oracle-build recovery benchmark, pin {pin.key}, work {work}", flush=True)
 
+    if args.identity_only:
+        measure_identity(pin, target, layout.oracle_path(layout.default_home(), pin.key),
+                         args.runs, Path(tempfile.mkdtemp(prefix="neutral-")),
+                         {**envmod.build_env(), **envmod.UV}, results)
+        (work / "results.json").write_text(json.dumps(results, indent=2))
+        return 0
     # (a) cold build
     if not args.skip_cold:
         shutil.rmtree(wheelhouse, ignore_errors=True)
@@ -169,28 +205,7 @@ def main() -> int:
         print(f"(c') the same with pip: {p:7.2f} s (1 run); pip/uv {p / median(cs):.1f}x",
               flush=True)
 
-    # (d) identity alone vs a bare import of vllm in the same venv
-    ds, bare = [], []
-    for _ in range(args.runs):
-        bare.append(timed(lambda: run([str(oracle_venv / "bin/python"), "-I", "-c",
-                                       "import vllm"], cwd=neutral, env=env)))
-        ds.append(timed(lambda: identity.check(pin, target, oracle_venv)))
-    # the first import in a new venv also compiles every module's bytecode: (b)'s identity
-    print(f"(d) identity check (probe):                    {fmt(ds)}", flush=True)
-    print(f"    bare `import vllm`:                        {fmt(bare)}", flush=True)
-    print(f"    ratio: {median(ds) / median(bare):.2f}x  (target <= 1.2x)", flush=True)
-    results.update(d_identity_s=ds, d_bare_import_s=bare,
-                   d_ratio=median(ds) / median(bare))
-    # (d') --deep: every installed file hashed (page cache warm after the runs above)
-    deep = [timed(lambda: identity.check(pin, target, oracle_venv, deep=True))
-            for _ in range(args.runs)]
-    files = identity.check(pin, target, oracle_venv).files
-    size_gb = sum(f.stat().st_size for f in oracle_venv.rglob("*")
-                  if f.is_file() and not f.is_symlink()) / 1e9
-    print(f"(d') identity --deep ({files.files if files else '?'} files, {size_gb:.1f} GB): "
-          f"{fmt(deep)}; {median(deep) / median(bare):.2f}x a bare import", flush=True)
-    results.update(d_deep_s=deep, d_deep_files=files.files if files else None,
-                   d_deep_gb=size_gb)
+    measure_identity(pin, target, oracle_venv, args.runs, neutral, env, results)
 
     (work / "results.json").write_text(json.dumps(results, indent=2))
     print(f"figures: {work / 'results.json'}")

@@ -129,8 +129,8 @@ def deep_files(venv: Path) -> manifest.Check | None:
     recorded, problems = manifest.load(venv)
     if recorded is None or problems:
         return None
-    say(f"    hashing every file of the oracle ({len(recorded['files'])}) while the engine "
-        "host imports vLLM")
+    say(f"    hashing every file of the oracle ({len(recorded['files'])}) while its python "
+        "imports vLLM for the identity probe")
     return manifest.check(venv, recorded, deep=True)
 
 

@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -263,13 +264,21 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
     manifest with its anchor outside the venv (``deep``: every file hashed; ``files``: that
     comparison, made by the caller meanwhile), and the shared libraries the process mapped
     with those the build's process mapped."""
-    if facts is None:
+    oracle = OracleVenv(venv)
+    if facts is None and not staged and files is None and oracle.has_record():
+        # the probe (a process importing vLLM) runs while every file is stat'ed here
+        with ThreadPoolExecutor(1, thread_name_prefix="probe") as pool:
+            probing = pool.submit(run_probe, venv, target, log=log)
+            recorded, problems = manifest.load(venv)
+            if recorded is not None:
+                files = manifest.check(venv, recorded, deep=deep)
+            facts = probing.result()
+    elif facts is None:
         facts = run_probe(venv, target, log=log)
     else:
         facts["machine"] = platform.machine()
     ident = Identity(venv=venv, facts=facts)
     ident.mismatches = compare(pin, target, venv, facts)
-    oracle = OracleVenv(venv)
     if not staged and not oracle.has_record():
         ident.mismatches.append(("build record", str(oracle.record_path),
                                  "missing: not a venv build_oracle completed"))
