@@ -11,7 +11,6 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,14 +105,8 @@ def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
             hosts.append(engine_host)
         else:
             engine_host.close()
-    elif deep:  # the probe (a process importing vLLM) runs while every file is hashed here
-        with ThreadPoolExecutor(1, thread_name_prefix="probe") as pool:
-            probing = pool.submit(identity.run_probe, venv.path, target)
-            files = deep_files(venv.path)
-            facts = probing.result()
-        ident = identity.check(pin, target, venv.path, facts=facts, files=files, deep=True)
-    else:
-        ident = identity.check(pin, target, venv.path)
+    else:  # identity.check hashes while its probe imports vLLM
+        ident = identity.check(pin, target, venv.path, deep=deep)
     if require and not ident.ok:
         raise IdentityMismatch(ident.mismatches, where=str(venv.path),
                                hint="`build_oracle -- --rebuild` replaces a drifted oracle")

@@ -265,13 +265,14 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
     comparison, made by the caller meanwhile), and the shared libraries the process mapped
     with those the build's process mapped."""
     oracle = OracleVenv(venv)
+    loaded: tuple[dict[str, Any] | None, list[tuple[str, str, str]]] | None = None
     if facts is None and not staged and files is None and oracle.has_record():
-        # the probe (a process importing vLLM) runs while every file is stat'ed here
+        # the probe (a process importing vLLM) runs while every file is checked here
         with ThreadPoolExecutor(1, thread_name_prefix="probe") as pool:
             probing = pool.submit(run_probe, venv, target, log=log)
-            recorded, problems = manifest.load(venv)
-            if recorded is not None:
-                files = manifest.check(venv, recorded, deep=deep)
+            loaded = manifest.load(venv)
+            if loaded[0] is not None:
+                files = manifest.check(venv, loaded[0], deep=deep)
             facts = probing.result()
     elif facts is None:
         facts = run_probe(venv, target, log=log)
@@ -283,7 +284,7 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
         ident.mismatches.append(("build record", str(oracle.record_path),
                                  "missing: not a venv build_oracle completed"))
     elif not staged:
-        recorded, problems = manifest.load(venv)
+        recorded, problems = loaded if loaded is not None else manifest.load(venv)
         ident.mismatches += problems
         if recorded is not None:
             ident.files = files if files is not None else manifest.check(venv, recorded,
