@@ -155,16 +155,15 @@ def load_json(path: Path) -> Any:
     return value
 
 
-# A discriminated union's tag appears in pydantic's error location; files never name it.
-UNION_TAGS = {"oracle", "stated"}
+# A discriminated union's tag appears in pydantic's error location after its field; files
+# never name it (golden.oracle: the tags "oracle" and "stated").
+UNION_TAGS = {"oracle": {"oracle", "stated"}}
 
 
 def field_path(loc: tuple[int | str, ...]) -> str:
     out = ""
     for n, part in enumerate(loc):
-        if n and part in UNION_TAGS and loc[n - 1] == part:
-            continue  # golden.oracle's tag "oracle" after the field "oracle"
-        if n and part == "stated" and loc[n - 1] == "oracle":
+        if n and part in UNION_TAGS.get(str(loc[n - 1]), ()):
             continue
         if isinstance(part, int):
             out += f"[{part}]"
