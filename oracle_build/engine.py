@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oracle_build import generators, host, identity, manifest
+from oracle_build import devices, generators, host, identity, manifest
 from oracle_build.contracts.golden import (
     BackendValue,
     EngineRecord,
@@ -253,10 +253,7 @@ def engine_args(requested: dict[str, Any], target: Target) -> dict[str, Any]:
     """The spec's arguments over the target's defaults. On CPU the KV cache is always
     bounded: left alone, vLLM's CPU engine takes most of the host's memory."""
     args = {**target.engine_defaults, **requested}
-    if target.device == "cpu" and not args.get("kv_cache_memory_bytes"):
-        raise PreflightFailed(
-            "a CPU engine needs kv_cache_memory_bytes (it would size its KV cache from free "
-            "host memory: 21 GiB of 24 seen)", hint="set engine.kv_cache_memory_bytes")
+    devices.module(target).engine_args(args)
     return args
 
 

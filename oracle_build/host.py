@@ -20,9 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from oracle_build import __version__
-from oracle_build.contracts.pins import Pin, Target
 from oracle_build.core import proc
-from oracle_build.core.errors import PreflightFailed
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -262,60 +260,3 @@ def tool_facts() -> dict[str, Any]:
             commit = head.output.strip() + ("-dirty" if dirty.output.strip() else "")
     return {"name": "oracle-build", "version": __version__, "git_commit": commit,
             "python": sys.version.split()[0]}
-
-
-# ----------------------------------------------------------------------------- pin targets
-
-
-def fits(target: Target, h: Host) -> tuple[bool, str]:
-    """Whether ``target`` can run on host ``h``, and why not."""
-    if target.machine != h.machine:
-        return False, f"needs an {target.machine} host, this one is {h.machine}"
-    if target.device == "cpu":
-        return True, "cpu"
-    if target.device == "rocm":
-        amd = [g for g in h.gpus if g.vendor == "amd"]
-        for gpu in amd:
-            if gpu.arch == target.gfx_arch and (target.device_name or "").lower() in \
-                    gpu.name.lower():
-                return True, f"{gpu.name} {gpu.arch}"
-        found = ", ".join(f"{g.name} ({g.arch})" for g in amd) or "no AMD GPU (rocminfo, " \
-            "amd-smi)"
-        return False, (f"needs {target.device_name or 'an AMD GPU'} {target.gfx_arch}; this "
-                       f"host has {found}")
-    for gpu in (g for g in h.gpus if g.vendor == "nvidia"):
-        if gpu.compute_capability == target.compute_capability and (
-            (target.device_name or "").lower() in gpu.name.lower()
-        ):
-            return True, f"{gpu.name} sm_{gpu.compute_capability.replace('.', '')}"
-    found = ", ".join(f"{g.name} ({g.compute_capability})" for g in h.gpus
-                      if g.vendor == "nvidia") or "no NVIDIA GPU"
-    return False, (
-        f"needs {target.device_name} with compute capability {target.compute_capability}; "
-        f"this host has {found}"
-    )
-
-
-def choose_target(pin: Pin, h: Host, requested: str | None = None) -> str:
-    """The pin's target for this host; refuses, naming the pin's targets, when none fits."""
-    if requested is not None:
-        ok, why = fits(pin.target(requested), h)
-        if not ok:
-            raise PreflightFailed(
-                f"target {requested!r} of pin {pin.id} does not fit this host: {why}",
-                hint="--dry-run plans any target on any host; building needs the hardware",
-            )
-        return requested
-    reasons = []
-    gpu_first = sorted(pin.model.targets.items(), key=lambda kv: kv[1].device == "cpu")
-    for name, target in gpu_first:
-        ok, why = fits(target, h)
-        if ok:
-            return name
-        reasons.append(f"{name}: {why}")
-    raise PreflightFailed(
-        f"pin {pin.id} ({pin.path}) has no target for this host "
-        f"({h.machine}, {', '.join(g.name for g in h.gpus) or 'no GPU'}); "
-        f"its targets: " + "; ".join(reasons),
-        hint="pick a pin with a target for this host (pins/cpu.toml runs on any x86_64 box)",
-    )

@@ -19,7 +19,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from oracle_build import archsets, host, manifest
+from oracle_build import devices, host, manifest
 from oracle_build.contracts.pins import GitSource, Pin, Target
 from oracle_build.core.env import RECORDED_PREFIXES
 from oracle_build.core.errors import BuildFailed, IdentityMismatch
@@ -98,8 +98,7 @@ class Identity:
 def probe_args(target: Target) -> list[str]:
     """What probe.py (alone, or in the engine host) is told: kernel check, device, the
     environment prefixes it records."""
-    # ROCm's torch runs HIP through the torch.cuda API: its device is "cuda" too
-    return [target.kernel_check, "cuda" if target.device in ("cuda", "rocm") else "cpu",
+    return [target.kernel_check, devices.module(target).PROBE_DEVICE,
             ",".join(RECORDED_PREFIXES)]
 
 
@@ -201,56 +200,11 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any]) -> list
         elif not _under(got.get("file", ""), site_dirs):
             bad.append((f"{module} file", f"inside {site_dirs[0]}", str(got.get("file"))))
 
-    if target.device in ("cuda", "rocm"):
-        bad += gpu_device(target, mods.get("torch", {}))
-    if target.device != "cuda" and facts.get("machine") != target.machine:
-        bad.append(("machine", target.machine, str(facts.get("machine"))))
-
     kernel = facts.get("kernel", {})
     if not kernel.get("ok"):
         bad.append(("compiled kernel", f"{target.kernel_check} runs",
                     str(kernel.get("error") or kernel)))
-    loaded = (facts.get("cpu_kernels") or {}).get("variant")
-    variant = host.host().cpu_variant
-    if target.device == "cpu" and loaded is not None and loaded != variant:
-        # vLLM fell back to another kernel library than this CPU calls for (a failed
-        # import is only a warning in vLLM): its numerics are not this host's
-        bad.append(("cpu kernel variant", str(variant), f"{loaded} (libraries loaded: "
-                    f"{', '.join((facts.get('cpu_kernels') or {}).get('loaded') or [])})"))
-    return bad
-
-
-def gpu_device(target: Target, torch: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """The first visible GPU against the target, as torch sees it: CUDA by name and compute
-    capability; ROCm by name and gfx arch (``gcnArchName``, target-id features such as
-    ``:sramecc+:xnack-`` aside), with torch built for the pinned HIP version."""
-    bad = []
-    if target.device == "rocm":
-        hip, want_hip = torch.get("hip"), target.hip_version or ""
-        if not hip or not (hip == want_hip or str(hip).startswith(want_hip + ".")):
-            bad.append(("torch.version.hip", f"{want_hip}.*", str(hip)))
-        want, kind = f"{target.device_name or 'AMD GPU'} {target.gfx_arch}", "ROCm"
-
-        def same(d: dict[str, Any]) -> bool:
-            return str(d.get("gcn_arch") or "").split(":", 1)[0] == target.gfx_arch
-
-        def found(d: dict[str, Any]) -> str:
-            return f"{d.get('name')} ({d.get('gcn_arch') or 'no arch'})"
-    else:
-        want = f"{target.device_name} sm_{(target.compute_capability or '').replace('.', '')}"
-        kind = "CUDA"
-
-        def same(d: dict[str, Any]) -> bool:
-            return d.get("capability") == target.compute_capability
-
-        def found(d: dict[str, Any]) -> str:
-            return f"{d.get('name')} ({d.get('capability')})"
-    devices = torch.get("devices") or []
-    if not devices:
-        bad.append(("device", want, torch.get("cuda_error") or f"no {kind} device visible"))
-    elif not same(devices[0]) or (target.device_name or "").lower() not in str(
-            devices[0].get("name", "")).lower():
-        bad.append(("device", want, found(devices[0])))
+    bad += devices.module(target).device_mismatches(target, facts, host.host().cpu_variant)
     return bad
 
 
@@ -294,17 +248,8 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
                                                        manifest.outside_startup(facts, venv))
             ident.mismatches += record_checks(venv, facts)
     libs = [e["path"] for e in facts.get("extensions", [])]
-    if target.device == "cuda":
-        ident.compiled_sm = archsets.cuobjdump_sm(libs)
-        allowed = set(target.expected_sm)
-        if not ident.compiled_sm or not set(ident.compiled_sm) <= allowed:
-            ident.mismatches.append(("compiled sm", ", ".join(sorted(allowed)),
-                                     ", ".join(ident.compiled_sm) or "none"))
-    elif target.device == "rocm":
-        found = archsets.offload_arches(libs, roc_obj_ls=host.rocm_tool(
-            "roc-obj-ls", target.rocm_home))
-        ident.compiled_sm = found.gfx
-        ident.mismatches += found.problems(target.expected_gfx)
+    ident.compiled_sm, problems = devices.module(target).compiled(target, libs)
+    ident.mismatches += problems
     return ident
 
 

@@ -16,7 +16,7 @@ import pytest
 from oracle_build import identity
 from oracle_build.build.plan import UV_VERSION
 from oracle_build.cli import main
-from oracle_build.contracts.pins import Target
+from oracle_build.contracts.pins import CudaTarget
 from oracle_build.core import env as envmod
 from oracle_build.core import layout
 from oracle_build.core.errors import IdentityMismatch
@@ -80,7 +80,7 @@ def test_rerun_rechecks_identity_without_building(cpu_oracle: BuiltOracle,
 
 def test_target_mismatch(cpu_oracle: BuiltOracle) -> None:
     facts = cpu_oracle.outcome.identity.facts
-    gb10 = Target(device="cuda", machine="x86_64", compute_capability="12.1",
+    gb10 = CudaTarget(device="cuda", machine="x86_64", compute_capability="12.1",
                   device_name="GB10", torch_cuda_arch_list="12.1", expected_sm=["sm_121"])
     bad = identity.compare(cpu_oracle.pin, gb10, cpu_oracle.venv, facts)
     assert ("device", "GB10 sm_121", "no CUDA device visible") in bad

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from oracle_build import build
-from oracle_build.build import steps
 from oracle_build.cli import main
 from oracle_build.contracts.pins import load_pin
 from oracle_build.core import env as envmod
 from oracle_build.core import layout
 from oracle_build.core.errors import EXIT_UNESTABLISHED, Unestablished
 from oracle_build.core.proc import Cmd
+from oracle_build.devices import cuda
 from tests.conftest import GPU_PIN, established_gpu_pin
 
 
@@ -104,7 +104,7 @@ def test_unestablished_exit_code(tmp_path: Path) -> None:
 def test_configure_log_arch_parse() -> None:
     log = ("-- CUDA supported target architectures: 7.5;8.0;8.9;9.0;10.0;11.0;12.0;12.1\n"
            "-- CUDA target architectures: 12.1\n")
-    assert steps.configure_arches(log) == {
+    assert cuda.configure_arches(log) == {
         "CUDA supported target architectures": "7.5;8.0;8.9;9.0;10.0;11.0;12.0;12.1",
         "CUDA target architectures": "12.1"}
 
@@ -129,7 +129,7 @@ def test_build_preflight_disk_and_python(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_engine_memory_floor_gives_both_numbers() -> None:
-    from oracle_build.contracts.pins import Target
+    from oracle_build.contracts.pins import CpuTarget as Target
     from oracle_build.core.errors import PreflightFailed
     from oracle_build.engine import memory_preflight
 

@@ -13,14 +13,15 @@ import stat
 import struct
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from oracle_build import archsets, build, host, identity
+from oracle_build import archsets, build, devices, host
 from oracle_build.build import steps
 from oracle_build.build.plan import Plan, fetch_commands
 from oracle_build.cli import main
-from oracle_build.contracts.pins import load_pin
+from oracle_build.contracts.pins import Target, load_pin
 from oracle_build.core.errors import BadInput, BuildFailed, PreflightFailed
 from oracle_build.core.log import Steps
 from tests.conftest import GPU_PIN, REPO, established_gpu_pin
@@ -106,7 +107,7 @@ def test_gfx1100_plan_from_the_cli_names_rocms_external(tmp_path: Path,
 
 def test_rocm_target_fields_are_validated(tmp_path: Path) -> None:
     text = GPU_PIN.read_text()
-    cases = [('gfx_arch = "gfx1100"\n', "", "a rocm target needs gfx_arch"),
+    cases = [('gfx_arch = "gfx1100"\n', "", "gfx_arch: required field is missing"),
              ('pytorch_rocm_arch = "gfx1100"', 'pytorch_rocm_arch = "gfx1100;gfx90a"',
               "builds another arch set"),
              ('expected_gfx = ["gfx1100"]', 'expected_gfx = ["sm_121"]', "not an AMD GPU arch"),
@@ -136,22 +137,22 @@ def test_host_detection_from_rocminfo_and_amd_smi() -> None:
         ("Radeon RX 7900 XTX", "gfx1100", "amdgpu 6.12.12")] * 4
     pin = load_pin(GPU_PIN)
     box = host.Host("x86_64", "Linux", gpus, 64 << 30, 128 << 30, "x86_64-avx512")
-    assert host.choose_target(pin, box) == "gfx1100"
-    ok, why = host.fits(pin.target("gfx1100"), box)
+    assert devices.choose_target(pin, box) == "gfx1100"
+    ok, why = devices.fits(pin.target("gfx1100"), box)
     assert ok and why == "Radeon RX 7900 XTX gfx1100"
     # an AMD host with another arch: refused, naming the pin's targets and what it found
     other = dataclasses.replace(box, gpus=host.parse_rocminfo(
         (DATA / "rocminfo-gfx90a.txt").read_text()))
     with pytest.raises(PreflightFailed) as err:
-        host.choose_target(pin, other)
+        devices.choose_target(pin, other)
     text = str(err.value)
     assert "gfx1100: needs Radeon RX 7900 XTX gfx1100; this host has AMD Instinct MI210 " \
         "(gfx90a)" in text and "sm_121" in text and "sm_110" in text
     # an aarch64 NVIDIA host never picks the AMD target, and vice versa
     thor = host.Host("aarch64", "Linux", (host.Gpu("NVIDIA Thor", "11.0", "580"),), None,
                      None)
-    assert host.choose_target(pin, thor) == "sm_110"
-    assert not host.fits(pin.target("sm_121"), box)[0]
+    assert devices.choose_target(pin, thor) == "sm_110"
+    assert not devices.fits(pin.target("sm_121"), box)[0]
 
 
 def test_on_the_amd_box_the_default_pin_is_the_gpu_pin(monkeypatch: pytest.MonkeyPatch
@@ -166,7 +167,7 @@ def test_on_the_amd_box_the_default_pin_is_the_gpu_pin(monkeypatch: pytest.Monke
 
     path = find_default_pin()
     assert path.name == GPU_PIN.name
-    assert host.choose_target(load_pin(path), box) == "gfx1100"
+    assert devices.choose_target(load_pin(path), box) == "gfx1100"
 
 
 def test_this_host_has_no_amd_gpu_and_the_build_is_refused_before_work(
@@ -261,28 +262,34 @@ def test_offload_bundle_reader_and_listings(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- identity
 
 
+def gpu_device(target: Target, torch: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Identity's device rule for a probe that saw ``torch`` on the target's machine."""
+    facts = {"machine": target.machine, "modules": {"torch": torch}}
+    return devices.module(target).device_mismatches(target, facts, None)
+
+
 def test_gpu_device_facts() -> None:
-    """Identity's device rule, one function for both GPU kinds."""
+    """Identity's device rule, in each GPU device's module."""
     pin = load_pin(GPU_PIN)
     gb10 = {"cuda": "13.0", "devices": [{"name": "NVIDIA GB10", "capability": "12.1"}]}
-    assert identity.gpu_device(pin.target("sm_121"), gb10) == []
-    assert identity.gpu_device(pin.target("sm_110"), gb10) == [
+    assert gpu_device(pin.target("sm_121"), gb10) == []
+    assert gpu_device(pin.target("sm_110"), gb10) == [
         ("device", "Thor sm_110", "NVIDIA GB10 (12.1)")]
-    assert identity.gpu_device(pin.target("sm_121"), {"cuda_error": None}) == [
+    assert gpu_device(pin.target("sm_121"), {"cuda_error": None}) == [
         ("device", "GB10 sm_121", "no CUDA device visible")]
     target = pin.target("gfx1100")
     good = {"hip": "7.2.53211-e9d2e3ca67", "devices": [
         {"name": "Radeon RX 7900 XTX", "capability": "11.0", "gcn_arch": "gfx1100"}]}
-    assert identity.gpu_device(target, good) == []
-    assert identity.gpu_device(target, {**good, "hip": "7.1.40091"}) == [
+    assert gpu_device(target, good) == []
+    assert gpu_device(target, {**good, "hip": "7.1.40091"}) == [
         ("torch.version.hip", "7.2.*", "7.1.40091")]
-    assert identity.gpu_device(target, {**good, "hip": None})[0][0] == "torch.version.hip"
+    assert gpu_device(target, {**good, "hip": None})[0][0] == "torch.version.hip"
     mi = {**good, "devices": [{"name": "AMD Instinct MI210", "capability": "9.0",
                                "gcn_arch": "gfx90a:sramecc+:xnack-"}]}
-    assert identity.gpu_device(target, mi) == [
+    assert gpu_device(target, mi) == [
         ("device", "Radeon RX 7900 XTX gfx1100", "AMD Instinct MI210 (gfx90a:sramecc+:xnack-)")]
     # what this host gives: torch sees no device
-    assert identity.gpu_device(target, {"hip": "7.2.1", "cuda_error": None}) == [
+    assert gpu_device(target, {"hip": "7.2.1", "cuda_error": None}) == [
         ("device", "Radeon RX 7900 XTX gfx1100", "no ROCm device visible")]
 
 
@@ -297,11 +304,11 @@ def test_rocm_preflight_reads_hipcc(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert host.hip_version((DATA / "hipcc-version.txt").read_text()) == "7.2.53211"
     p.build_env["ROCM_HOME"] = str(rocm)
     with pytest.raises(PreflightFailed, match="no AMD GPU answers"):
-        steps.rocm_preflight(p)  # the point where hardware is needed
+        devices.rocm.preflight(p, {})  # the point where hardware is needed
     hipcc.write_text("#!/bin/sh\necho 'HIP version: 7.1.40091-abc'\n")
     with pytest.raises(PreflightFailed, match=re.escape(
             "reports HIP 7.1.40091; target gfx1100 pins HIP 7.2")):
-        steps.rocm_preflight(p)
+        devices.rocm.preflight(p, {})
     hipcc.unlink()
     with pytest.raises(PreflightFailed, match="no hipcc under ROCM_HOME"):
-        steps.rocm_preflight(p)
+        devices.rocm.preflight(p, {})

@@ -25,6 +25,7 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from oracle_build import devices
 from oracle_build.contracts.base import FULL_SHA
 from oracle_build.core.errors import BadInput
 
@@ -252,21 +253,6 @@ class _Frame:
     current: Tri  # whether the branch being walked is taken
 
 
-def _known(device: str, machine: str) -> dict[str, str | None]:
-    cuda, rocm = device == "cuda", device == "rocm"
-    return {
-        "VLLM_TARGET_DEVICE": device,
-        "CMAKE_SYSTEM_PROCESSOR": machine,
-        "CUDA_FOUND": "TRUE" if cuda else "FALSE",
-        "HIP_FOUND": "TRUE" if rocm else "FALSE",
-        "PYTORCH_FOUND_HIP": "TRUE" if rocm else "FALSE",
-        "ASIMD_FOUND": "TRUE" if machine == "aarch64" else "FALSE",
-        "APPLE_SILICON_FOUND": "FALSE",
-        "POWER9_FOUND": "FALSE", "POWER10_FOUND": "FALSE", "POWER11_FOUND": "FALSE",
-        "S390_FOUND": "FALSE", "RVV_FP16_FOUND": "FALSE", "RVV_BF16_FOUND": "FALSE",
-    }
-
-
 def scan_externals(checkout: Path, *, device: str = "cuda",
                    machine: str = "x86_64") -> list[Declared]:
     """Every external a build of ``device`` on ``machine`` fetches, in configure order."""
@@ -276,7 +262,8 @@ def scan_externals(checkout: Path, *, device: str = "cuda",
         raise BadInput(checkout, "not a folder: expected a vLLM checkout")
     if not top.is_file():
         return []  # no CMake build: nothing fetched at configure time
-    scope = Scope({**_known(device, machine), "CMAKE_SOURCE_DIR": str(checkout.resolve())})
+    scope = Scope({**devices.cmake_known(device, machine),
+                   "CMAKE_SOURCE_DIR": str(checkout.resolve())})
     found: dict[str, Declared] = {}
     _walk(top.resolve(), checkout, scope, found, certain=True)
     return list(found.values())

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from oracle_build import devices
 from oracle_build.build import source
 from oracle_build.build.checkout import KNOWN_SWITCHES, CheckoutFacts, pin_problems, read_checkout
 from oracle_build.build.wheelhouse import Wheelhouse
@@ -128,12 +129,7 @@ def wheel_build_env(pin: Pin, target: Target, externals: dict[str, str]) -> dict
     env: dict[str, str] = {}
     env.update(pin.model.build.env)
     env.update(target.build_env)
-    if target.device == "cuda" and target.torch_cuda_arch_list:
-        env["TORCH_CUDA_ARCH_LIST"] = target.torch_cuda_arch_list
-    if target.device == "rocm":
-        env["VLLM_TARGET_DEVICE"] = "rocm"
-        env["PYTORCH_ROCM_ARCH"] = target.pytorch_rocm_arch or ""
-        env.setdefault("ROCM_HOME", target.rocm_home or "/opt/rocm")
+    devices.module(target).build_env(target, env)
     if pin.model.build.cmake_args:
         env["CMAKE_ARGS"] = " ".join(pin.model.build.cmake_args)
     env.update(externals)
@@ -308,10 +304,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
             steps.append(Step(
                 "check-wheel", "the wheel's version is the pin's distribution version; its "
                 "sha256 is recorded and the wheel kept in the wheelhouse"
-                + ("; the sm_XX set in the configure log and in the built libraries "
-                   "(cuobjdump --list-elf) is the target's" if target.device == "cuda" else "")
-                + ("; the gfx set in the built libraries' offload bundles is exactly "
-                   f"{', '.join(target.expected_gfx)}" if target.device == "rocm" else ""),
+                + devices.module(target).wheel_check_about(target),
                 act.check_wheel))
         vllm_req = f"{src.distribution}=={dist_version}"
         if pin.lock_entries is not None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import tempfile
 import threading
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +17,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from oracle_build import archsets, host, identity, manifest
+from oracle_build import devices, host, identity, manifest
 from oracle_build.build import checkout, record, source
 from oracle_build.build.plan import Plan, Step
 from oracle_build.build.wheelhouse import Wheelhouse
@@ -36,9 +35,6 @@ from oracle_build.core.files import dumps_json, sha256_file
 from oracle_build.core.layout import utc_now
 from oracle_build.core.log import Steps, say
 from oracle_build.oracle_venv import uv
-
-DISK_NEED_GIB = {"cpu": 8.0, "cuda": 60.0, "rocm": 60.0}
-BUILD_MEMORY_FLOOR_GIB = {"cpu": 2.0, "cuda": 16.0, "rocm": 16.0}
 
 
 @dataclass
@@ -73,7 +69,7 @@ def preflight(state: BuildState, step: Step) -> None:
     p.home.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(p.home).free
     min_free = environ.get("ORACLE_BUILD_MIN_FREE_GIB")
-    need = (float(min_free) if min_free else DISK_NEED_GIB[p.target.device]) * 2**30
+    need = (float(min_free) if min_free else devices.module(p.target).BUILD_DISK_GIB) * 2**30
     facts["disk_free_bytes"] = free
     if free < need:
         raise PreflightFailed(
@@ -92,7 +88,8 @@ def preflight(state: BuildState, step: Step) -> None:
     mem = host.available_memory()
     facts["mem_available_bytes"] = mem
     min_mem = environ.get("ORACLE_BUILD_MIN_MEMORY_GIB")
-    floor = (float(min_mem) if min_mem else BUILD_MEMORY_FLOOR_GIB[p.target.device]) * 2**30
+    floor = (float(min_mem) if min_mem
+             else devices.module(p.target).BUILD_MEMORY_FLOOR_GIB) * 2**30
     if mem is not None and mem < floor:
         raise PreflightFailed(f"{_gib(mem)} of host memory available, the build needs "
                               f"{_gib(floor)}", hint="stop other work or lower MAX_JOBS "
@@ -106,44 +103,8 @@ def preflight(state: BuildState, step: Step) -> None:
                                       hint="install the toolchain rust-toolchain.toml names "
                                       "(rustup), or set [build] rust_frontend = \"skip\"")
             facts[tool] = answer.output.strip()
-    if p.target.device == "cuda":
-        cuda_home = p.build_env.get("CUDA_HOME") or environ.get("CUDA_HOME")
-        if not cuda_home or not (Path(cuda_home) / "bin" / "nvcc").exists():
-            raise PreflightFailed(f"no nvcc under CUDA_HOME={cuda_home}",
-                                  hint="install the CUDA 13 toolkit or fix [build.env].CUDA_HOME")
-        facts["nvcc"] = host.nvcc_version(cuda_home)
-        facts["driver"] = host.host().driver
-        if not host.host().gpus:
-            raise PreflightFailed("no NVIDIA driver answers (nvidia-smi)")
-    if p.target.device == "rocm":
-        facts.update(rocm_preflight(p))
+    devices.module(p.target).preflight(p, facts)
     state.facts["preflight"] = facts
-
-
-def rocm_preflight(p: Plan) -> dict[str, Any]:
-    """hipcc under ROCM_HOME and its HIP version (the pin's), and an amdgpu driver that
-    answers with an AMD GPU."""
-    rocm_home = p.build_env.get("ROCM_HOME") or environ.get("ROCM_HOME") or \
-        p.target.rocm_home or "/opt/rocm"
-    hipcc = Path(rocm_home) / "bin" / "hipcc"
-    if not hipcc.exists():
-        raise PreflightFailed(f"no hipcc under ROCM_HOME={rocm_home}",
-                              hint="run inside the ROCm base container, or fix the target's "
-                              "rocm_home / build_env ROCM_HOME")
-    answer = proc.query([str(hipcc), "--version"], env=envmod.build_env())
-    version = host.hip_version(answer.output)
-    want = p.target.hip_version or ""
-    if not version or not (version == want or version.startswith(want + ".")):
-        raise PreflightFailed(f"hipcc at {hipcc} reports HIP {version or '(none)'}; target "
-                              f"{p.target_name} pins HIP {want}",
-                              hint="use the ROCm userland the pin names (the ROCm base "
-                              "container's tag)")
-    amd = [g for g in host.host().gpus if g.vendor == "amd"]
-    if not amd:
-        raise PreflightFailed("no AMD GPU answers (rocminfo, amd-smi): is the amdgpu driver "
-                              "loaded and /dev/kfd passed into the container?")
-    return {"hipcc": str(hipcc), "hip_version": version, "driver": amd[0].driver,
-            "gpus": [f"{g.name} {g.arch}" for g in amd]}
 
 
 # ----------------------------------------------------------------------------- wheels
@@ -350,61 +311,11 @@ def check_wheel(state: BuildState, step: Step) -> None:
                             "version": str(version), "rust_frontend": rust,
                             "commit_id": (f"g{commit_id.removeprefix('g')}" if commit_id
                                           else None)}
-    if p.target.device == "cuda":
-        check_compiled_arches(state, wheel)
-    if p.target.device == "rocm":
-        check_offload_arches(state, wheel)
+    with devices.wheel_libraries(wheel) as (root, libraries):
+        compiled = devices.module(p.target).check_wheel(p, libraries, root)
+    if compiled is not None:
+        state.facts["compiled_arches"] = compiled
     p.wheelhouse.add(wheel, origin="built")
-
-
-def configure_arches(log_text: str) -> dict[str, str]:
-    out = {}
-    for line in log_text.splitlines():
-        for key in ("CUDA supported target architectures", "CUDA target architectures"):
-            if key + ":" in line:
-                out[key] = line.split(key + ":", 1)[1].strip()
-    return out
-
-
-def check_compiled_arches(state: BuildState, wheel: Path) -> None:
-    p = state.plan
-    cfg = configure_arches(p.log.read_text(errors="replace"))
-    with tempfile.TemporaryDirectory(prefix="wheel-so-") as tmp:
-        with zipfile.ZipFile(wheel) as zf:
-            libs = [n for n in zf.namelist() if n.endswith(".so")]
-            for n in libs:
-                zf.extract(n, tmp)
-        sms = archsets.cuobjdump_sm([str(Path(tmp) / n) for n in libs])
-    state.facts["compiled_arches"] = {"configure_log": cfg, "cuobjdump": sms}
-    allowed = set(p.target.expected_sm)
-    if not sms or not set(sms) <= allowed:
-        raise BuildFailed(
-            f"the wheel's libraries hold {', '.join(sms) or 'no sm_XX code'}; target "
-            f"{p.target_name} expects only {', '.join(sorted(allowed))} "
-            f"(configure log: {cfg or 'no architecture lines'})",
-            hint="check TORCH_CUDA_ARCH_LIST; some vLLM versions skip sm_12x kernels for '12.1a'")
-
-
-def check_offload_arches(state: BuildState, wheel: Path) -> None:
-    """The wheel's HIP offload bundles hold code for exactly the target's gfx set."""
-    p = state.plan
-    with tempfile.TemporaryDirectory(prefix="wheel-so-") as tmp:
-        with zipfile.ZipFile(wheel) as zf:
-            libs = [n for n in zf.namelist() if n.endswith(".so")]
-            for n in libs:
-                zf.extract(n, tmp)
-        found = archsets.offload_arches(
-            [str(Path(tmp) / n) for n in libs],
-            roc_obj_ls=host.rocm_tool("roc-obj-ls", p.target.rocm_home))
-        by_lib = {str(Path(k).relative_to(tmp)): v for k, v in found.by_library.items()}
-        problems = found.problems(p.target.expected_gfx)
-    state.facts["compiled_arches"] = {"offload_bundles": by_lib}
-    if problems:
-        raise BuildFailed(
-            "the wheel's HIP code is not the target's: " + "; ".join(
-                f"{f}: expected {e}, found {g}" for f, e, g in problems),
-            hint="check PYTORCH_ROCM_ARCH in the build environment (the target's "
-            "pytorch_rocm_arch)")
 
 
 def use_built(state: BuildState, step: Step) -> None:

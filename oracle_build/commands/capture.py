@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oracle_build import engine, goldens, host, judge
+from oracle_build import devices, engine, goldens, host, judge
 from oracle_build.commands.common import (
     DEFAULT_SPEC,
     EXIT_CODES_HELP,
@@ -68,7 +68,7 @@ def make_job(path: Path, *, host_target: str | None = None, out: Path | None = N
     spec = load_spec(sp)
     pin_path = (sp.parent / spec.pin).resolve()
     pin = load_pin(pin_path)
-    target = spec.target or host.choose_target(pin, host.host(), host_target)
+    target = spec.target or devices.choose_target(pin, host.host(), host_target)
     pin.target(target)
     golden = (out / spec.name / "golden.json") if out else sp.parent / "golden.json"
     return Job(spec, sp, golden, pin, target, pin_path)

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from oracle_build import devices
 from oracle_build.contracts.pins import Pin
 from oracle_build.core.errors import PreflightFailed
 from oracle_build.identity import Identity
@@ -57,8 +58,8 @@ def find_default_pin() -> Path:
     for path in sorted(PINS_DIR.glob("*.toml")):
         pin = load_pin(path)
         for target in pin.model.targets.values():
-            if host.fits(target, here)[0]:
-                candidates.append((0 if target.device != "cpu" else 1, path))
+            if devices.fits(target, here)[0]:
+                candidates.append((0 if devices.module(target).GPU else 1, path))
                 break
     if not candidates:
         raise PreflightFailed(f"no pin under {PINS_DIR}/ has a target for this host",
@@ -83,9 +84,9 @@ def pin_and_target(args: argparse.Namespace, *, plan_only: bool = False) -> tupl
         if args.target:
             pin.target(args.target)
             return pin, args.target
-        return pin, host.choose_target(pin, host.host()) if len(pin.model.targets) != 1 \
+        return pin, devices.choose_target(pin, host.host()) if len(pin.model.targets) != 1 \
             else next(iter(pin.model.targets))
-    return pin, host.choose_target(pin, host.host(), args.target)
+    return pin, devices.choose_target(pin, host.host(), args.target)
 
 
 def homes(args: argparse.Namespace) -> tuple[Path, Path]:

@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from oracle_build import engine, host, judge
+from oracle_build import devices, engine, host, judge
 from oracle_build.commands.common import (
     EXIT_CODES_HELP,
     Subparsers,
@@ -65,8 +65,8 @@ def verdict_of(results: list[judge.TokenResult]) -> str:
 def diff(pin_a: Pin, pin_b: Pin, paths: list[Path], *, home: Path,
          target: str | None = None) -> tuple[DiffReport, Path]:
     oracles = engine.Oracles(home)
-    a = oracles.get(pin_a, host.choose_target(pin_a, host.host(), target))
-    b = oracles.get(pin_b, host.choose_target(pin_b, host.host(), target))
+    a = oracles.get(pin_a, devices.choose_target(pin_a, host.host(), target))
+    b = oracles.get(pin_b, devices.choose_target(pin_b, host.host(), target))
     out: list[GoldenDiff] = []
     goldens = discover(paths)
     for n, path in enumerate(goldens, start=1):

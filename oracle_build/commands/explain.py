@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from oracle_build import engine, goldens, host, judge
+from oracle_build import devices, engine, goldens, host, judge
 from oracle_build.commands.common import (
     EXIT_CODES_HELP,
     Subparsers,
@@ -107,7 +107,7 @@ def explain(path: Path, *, home: Path, vary: dict[str, list[Any]] | None = None,
             raise BadInput(path, [("engine", "unrecorded: explain starts from the engine's "
                                    "defaults and needs --pin and --model to run it")])
         pin = load_pin(pin_path)
-        target_name = host.choose_target(pin, host.host())
+        target_name = devices.choose_target(pin, host.host())
         model = model_path.resolve()
         base_args = dict(pin.target(target_name).engine_defaults)
         request = _unrecorded_request(golden, legs)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oracle_build import engine, generators, host
+from oracle_build import devices, engine, generators, host
 from oracle_build.commands import capture as capture_cmd
 from oracle_build.commands import verify as verify_cmd
 from oracle_build.commands.common import (
@@ -67,7 +67,7 @@ class Outcome:
 def variant_of(oracle: engine.Oracle) -> str:
     """The third part of a golden set's key: the CPU kernel variant on CPU targets, the
     device (name and sm) on GPU targets."""
-    if oracle.target.device == "cpu":
+    if devices.module(oracle.target).BY_CPU_VARIANT:
         variant = oracle.identity.cpu_variant
         if not variant:
             raise BadInput(str(oracle.venv.path), [(
@@ -153,7 +153,7 @@ def drift_lines(v: GoldenVerdict) -> list[str]:
 def numerics(*, pin: Pin, pin_path: Path, target: str | None, battery: Path, home: Path,
              only: list[str] | None = None) -> Outcome:
     specs = battery_specs(battery, only)
-    target_name = host.choose_target(pin, host.host(), target)
+    target_name = devices.choose_target(pin, host.host(), target)
     oracles = engine.Oracles(home)
     oracle = oracles.get(pin, target_name)  # identity first (exit 3)
     where = set_dir(battery, pin, target_name, variant_of(oracle))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oracle_build import engine, goldens, host, judge
+from oracle_build import devices, engine, goldens, host, judge
 from oracle_build.commands.common import (
     DEFAULT_SPEC,
     EXIT_CODES_HELP,
@@ -221,7 +221,7 @@ def verify(paths: list[Path], *, home: Path, oracles: engine.Oracles | None = No
             # run it on this host's target of the pin (a GB10 golden on Thor, or on the CPU
             # oracle); the target difference is reported at identity level
             item = Item(path, rec, pin, reason,
-                        target_name=host.choose_target(pin, host.host(), None))
+                        target_name=devices.choose_target(pin, host.host(), None))
             if item.target_name != rec.oracle.target:
                 item.oracle_differs.append(FieldDiff(
                     field="target", golden=rec.oracle.target, current=item.target_name,
@@ -238,7 +238,7 @@ def verify(paths: list[Path], *, home: Path, oracles: engine.Oracles | None = No
                                    f"pin {pin.path}")],
                            hint="--cross-target runs it on this host's target of that pin")
         target = pin.target(rec.oracle.target)
-        ok, why = host.fits(target, host.host())
+        ok, why = devices.fits(target, host.host())
         if not ok:
             verdicts.append(GoldenVerdict(
                 name=golden.name, path=str(path), status="not_verifiable_here",
@@ -247,7 +247,7 @@ def verify(paths: list[Path], *, home: Path, oracles: engine.Oracles | None = No
             continue
         variant = rec.oracle.identity.get("cpu_variant")
         here = host.host().cpu_variant
-        if target.device == "cpu" and variant and variant != here:
+        if devices.module(target).BY_CPU_VARIANT and variant and variant != here:
             # vLLM's CPU build picks its kernels by the CPU: another variant's numbers are
             # not this host's to reproduce, and a difference would not be drift
             verdicts.append(GoldenVerdict(

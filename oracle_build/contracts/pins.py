@@ -179,80 +179,92 @@ class External(Strict):
 
 
 GFX = re.compile(r"^gfx[0-9a-f]{3,4}$")
-NEW_TARGET_FIELDS = ("gfx_arch", "pytorch_rocm_arch", "expected_gfx", "hip_version",
-                     "rocm_home", "dist_version_suffix", "torch")
+# What a schema-1 target held when it was one flat model: the content hash is taken over this
+# form (hashed_form), so a pin keeps its hash, its oracle's key and its goldens' pin_hash
+# whatever device model its target is read into now
+FLAT_TARGET_DEFAULTS: dict[str, Any] = {
+    "description": None, "compute_capability": None, "device_name": None,
+    "torch_cuda_arch_list": None, "expected_sm": [], "kernel_check": "rms_norm",
+    "memory_floor_gib": 2.0, "env": {}, "build_env": {}, "engine_defaults": {}}
 
 
-class Target(Strict):
-    device: Literal["cpu", "cuda", "rocm"]
+class TargetBase(Strict):
+    """What every target has; each device adds its own fields (CpuTarget, CudaTarget,
+    RocmTarget), and oracle_build/devices/ holds what each device does with them."""
+
     machine: Literal["x86_64", "aarch64"]
     description: str | None = None
-    compute_capability: str | None = None
     device_name: str | None = None
-    torch_cuda_arch_list: str | None = None
-    expected_sm: list[str] = Field(default_factory=list)
     kernel_check: Literal["rms_norm", "extension"] = "rms_norm"
     memory_floor_gib: float = Field(default=2.0, ge=0, le=4096)
     env: dict[str, str] = Field(default_factory=dict)
     build_env: dict[str, str] = Field(default_factory=dict)
     engine_defaults: dict[str, Any] = Field(default_factory=dict)
-    # ROCm (device = "rocm"): the GPU's arch as rocminfo and torch's gcnArchName name it,
-    # PYTORCH_ROCM_ARCH for the build, the arch set vLLM's offload bundles must hold exactly,
-    # the HIP version torch.version.hip must start with, and where ROCm lives.
-    gfx_arch: str | None = None
-    pytorch_rocm_arch: str | None = None
-    expected_gfx: list[str] = Field(default_factory=list)
-    hip_version: str | None = None
-    rocm_home: str | None = None
     # The suffix setup.py appends to this target's wheel version (".rocm723": ROCm 7.2.3 as
     # librocm-core reports it); the wheel check accepts exactly that.
     dist_version_suffix: str | None = Field(default=None, pattern=r"^[a-z]+[0-9]+$")
     # This target's torch when it is not the pin's (a ROCm build of the same version)
     torch: Torch | None = None
 
-    @model_validator(mode="after")
-    def _rocm_fields(self) -> Target:
-        if self.device == "rocm":
-            missing = [name for name in ("gfx_arch", "pytorch_rocm_arch", "hip_version")
-                       if getattr(self, name) is None]
-            if not self.expected_gfx:
-                missing.append("expected_gfx")
-            if missing:
-                raise ValueError(f"a rocm target needs {', '.join(missing)}")
-            for arch in [self.gfx_arch, *self.expected_gfx,
-                         *(self.pytorch_rocm_arch or "").split(";")]:
-                if not GFX.match(arch or ""):
-                    raise ValueError(f"{arch!r} is not an AMD GPU arch like 'gfx1100'")
-            if set((self.pytorch_rocm_arch or "").split(";")) != set(self.expected_gfx):
-                raise ValueError(f"pytorch_rocm_arch {self.pytorch_rocm_arch!r} builds another "
-                                 f"arch set than expected_gfx {self.expected_gfx}")
-            if not re.fullmatch(r"\d+\.\d+(\.\d+)?", self.hip_version or ""):
-                raise ValueError("hip_version must look like '7.2' or '7.2.5'")
-        elif any(getattr(self, n) for n in NEW_TARGET_FIELDS[:5]):
-            raise ValueError(f"gfx_arch, pytorch_rocm_arch, expected_gfx, hip_version and "
-                             f"rocm_home are for rocm targets, not {self.device}")
-        return self
-
-    @model_validator(mode="after")
-    def _cuda_fields(self) -> Target:
-        if self.device == "cuda":
-            missing = [
-                name
-                for name in ("compute_capability", "device_name", "torch_cuda_arch_list")
-                if getattr(self, name) is None
-            ]
-            if missing:
-                raise ValueError(f"a cuda target needs {', '.join(missing)}")
-            if not re.fullmatch(r"\d+\.\d+", self.compute_capability or ""):
-                raise ValueError("compute_capability must look like '12.1'")
-            if not self.expected_sm:
-                raise ValueError("a cuda target lists the sm_XX code it must contain (expected_sm)")
-        for sm in self.expected_sm:
-            if not re.fullmatch(r"sm_\d+[af]?", sm):
-                raise ValueError(f"expected_sm entry {sm!r} must look like 'sm_121' or 'sm_121a'")
-        return self
-
     _env = field_validator("env", "build_env")(lambda v: _check_env(v))
+
+
+class CpuTarget(TargetBase):
+    device: Literal["cpu"]
+
+
+def _shaped(pattern: str, example: str) -> AfterValidator:
+    def check(value: str) -> str:
+        if not re.fullmatch(pattern, value):
+            raise ValueError(f"{value!r} must look like {example!r}")
+        return value
+    return AfterValidator(check)
+
+
+def _gfx(value: str) -> str:
+    if not GFX.match(value):
+        raise ValueError(f"{value!r} is not an AMD GPU arch like 'gfx1100'")
+    return value
+
+
+GfxArch = Annotated[str, AfterValidator(_gfx)]
+SmCode = Annotated[str, _shaped(r"sm_\d+[af]?", "sm_121")]
+
+
+class CudaTarget(TargetBase):
+    """An NVIDIA GPU: its name and compute capability as torch reports them, the arch list
+    the build compiles, and the sm_XX set the built libraries must hold (nothing else)."""
+
+    device: Literal["cuda"]
+    compute_capability: Annotated[str, _shaped(r"\d+\.\d+", "12.1")]
+    device_name: str
+    torch_cuda_arch_list: str
+    # the sm_XX code the built libraries must contain, and nothing else
+    expected_sm: Annotated[list[SmCode], Field(min_length=1)]
+
+
+class RocmTarget(TargetBase):
+    """An AMD GPU: its arch as rocminfo and torch's gcnArchName name it, PYTORCH_ROCM_ARCH
+    for the build, the arch set vLLM's offload bundles must hold exactly, the HIP version
+    torch.version.hip must start with, and where ROCm lives."""
+
+    device: Literal["rocm"]
+    gfx_arch: GfxArch
+    pytorch_rocm_arch: str
+    expected_gfx: Annotated[list[GfxArch], Field(min_length=1)]
+    hip_version: Annotated[str, _shaped(r"\d+\.\d+(\.\d+)?", "7.2")]
+    rocm_home: str | None = None
+
+    @model_validator(mode="after")
+    def _arch_sets(self) -> RocmTarget:
+        archs = [_gfx(a) for a in self.pytorch_rocm_arch.split(";")]
+        if set(archs) != set(self.expected_gfx):
+            raise ValueError(f"pytorch_rocm_arch {self.pytorch_rocm_arch!r} builds another "
+                             f"arch set than expected_gfx {self.expected_gfx}")
+        return self
+
+
+Target = Annotated[CpuTarget | CudaTarget | RocmTarget, Field(discriminator="device")]
 
 
 class PinModel(Strict):
@@ -465,10 +477,12 @@ def hashed_form(model: PinModel) -> dict[str, Any]:
         for name in ("tag", "devices"):
             if ext.get(name) is None:
                 ext.pop(name, None)
-    for target in data["targets"].values():
-        for name in NEW_TARGET_FIELDS:
-            if target.get(name) in (None, []):
-                target.pop(name, None)
+    flat_fields = set(FLAT_TARGET_DEFAULTS) | {"device", "machine"}
+    for name, target in data["targets"].items():
+        flat = {**FLAT_TARGET_DEFAULTS, **target}
+        # fields added after schema 1 count only when set
+        data["targets"][name] = {k: v for k, v in flat.items()
+                                 if k in flat_fields or v not in (None, [])}
     return data
 
 

@@ -156,14 +156,18 @@ def load_json(path: Path) -> Any:
 
 
 # A discriminated union's tag appears in pydantic's error location after its field; files
-# never name it (golden.oracle: the tags "oracle" and "stated").
+# never name it. Keyed by the field (golden.oracle: the tags "oracle" and "stated"), or by
+# the table holding one per key (a pin's targets.<name>: its device).
 UNION_TAGS = {"oracle": {"oracle", "stated"}}
+UNION_TABLE_TAGS = {"targets": {"cpu", "cuda", "rocm"}}
 
 
 def field_path(loc: tuple[int | str, ...]) -> str:
     out = ""
     for n, part in enumerate(loc):
         if n and part in UNION_TAGS.get(str(loc[n - 1]), ()):
+            continue
+        if n > 1 and part in UNION_TABLE_TAGS.get(str(loc[n - 2]), ()):
             continue
         if isinstance(part, int):
             out += f"[{part}]"
