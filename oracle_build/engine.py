@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from oracle_build import devices, generators, host, identity, manifest
+from oracle_build.contracts.driver import DriverResult
 from oracle_build.contracts.golden import (
     BackendValue,
     EngineRecord,
@@ -39,7 +40,7 @@ from oracle_build.core.errors import (
     PreflightFailed,
 )
 from oracle_build.core.filelock import held
-from oracle_build.core.files import load_json, sha256_file
+from oracle_build.core.files import load_json, sha256_file, validate
 from oracle_build.core.log import say
 from oracle_build.oracle_venv import EngineHost, OracleVenv
 
@@ -293,25 +294,27 @@ def config_key(oracle: Oracle, model_path: Path, args: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class EngineResult:
-    """The driver's answer for one engine start."""
+    """The driver's answer for one engine start: ``result`` validated, ``raw`` the same
+    answer with each output's top-k rows put back (``runs``)."""
 
+    result: DriverResult
     raw: dict[str, Any]
     args: dict[str, Any]
     log: Path
 
     @property
     def ok(self) -> bool:
-        return bool(self.raw.get("ok"))
+        return self.result.ok
 
     @property
     def error(self) -> str:
-        return str(self.raw.get("error"))
+        return str(self.result.error)
 
     def require(self) -> EngineResult:
         if not self.ok:
-            raise EngineFailed(f"{self.raw.get('error')}\n  log: {self.log}\n"
+            raise EngineFailed(f"{self.result.error}\n  log: {self.log}\n"
                                + "\n".join("    | " + ln for ln in
-                                           str(self.raw.get("traceback", "")).splitlines()[-8:]))
+                                           str(self.result.traceback or "").splitlines()[-8:]))
         return self
 
     @property
@@ -321,29 +324,29 @@ class EngineResult:
 
     @property
     def start_seconds(self) -> float:
-        return float(self.raw.get("engine_start_seconds") or 0.0)
+        return float(self.result.engine_start_seconds or 0.0)
 
     @property
     def environment(self) -> dict[str, str]:
-        return dict(self.raw.get("env", {}))
+        return dict(self.result.env)
 
     @property
     def environment_set_by_engine(self) -> dict[str, str]:
-        return dict(self.raw.get("env_after_import", {}))
+        return dict(self.result.env_after_import)
 
     def engine_record(self) -> EngineRecord:
         """The configuration the engine resolved, read back from it (never the request)."""
-        result = self.raw
+        result = self.result
         resolved: dict[str, ReadValue | Unreadable] = {}
-        for key, item in result["resolved_after"].items():
+        for key, item in (result.resolved_after or {}).items():
             resolved[key] = (Unreadable(**item) if "unreadable" in item
                              else ReadValue.model_validate(item))
         resolved["torch_threads"] = ReadValue.model_validate(
-            {"value": result.get("torch_threads"), "from": "torch.get_num_threads()"})
+            {"value": result.torch_threads, "from": "torch.get_num_threads()"})
         backends: dict[str, BackendValue | Unreadable] = {}
-        log_names = result.get("log_backends") or []
+        log_names = self.raw.get("log_backends") or []
         for kind in ("attention", "moe"):
-            item = result["backends"][kind]
+            item = (result.backends or {})[kind]
             if "unreadable" in item:
                 backends[kind] = Unreadable(**item)
             else:
@@ -351,7 +354,7 @@ class EngineResult:
                                               note=item.get("note"),
                                               log=log_names if kind == "attention" else None)
         return EngineRecord(requested=self.args, resolved=resolved, backends=backends,
-                            start_seconds=result.get("engine_start_seconds"))
+                            start_seconds=result.engine_start_seconds)
 
 
 @dataclass(frozen=True)
@@ -391,9 +394,14 @@ class EngineSession:
             raise EngineFailed(f"the driver exited with {answer.result.returncode} and wrote "
                                f"no result; log: {log}\n" + _tail(log))
         raw = dict(answer.data)
+        try:
+            result = validate(DriverResult, raw, log)
+        except BadInput as exc:
+            raise EngineFailed("the driver's answer is not one this oracle-build reads: "
+                               + exc.message.replace(str(log), "its answer", 1)) from None
         attach_topk(raw, answer.arrays, log)
         raw["log_backends"] = sorted(set(BACKEND_LOG.findall(log.read_text(errors="replace"))))
-        return EngineResult(raw, self.args, log)
+        return EngineResult(result, raw, self.args, log)
 
 
 def attach_topk(raw: dict[str, Any], arrays: dict[str, Any] | None, where: Path) -> None:

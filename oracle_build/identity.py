@@ -21,8 +21,9 @@ from packaging.utils import canonicalize_name
 
 from oracle_build import devices, host, manifest
 from oracle_build.contracts.pins import GitSource, Pin, Target
+from oracle_build.contracts.record import load_record
 from oracle_build.core.env import RECORDED_PREFIXES
-from oracle_build.core.errors import BuildFailed, IdentityMismatch
+from oracle_build.core.errors import BadInput, BuildFailed, IdentityMismatch
 from oracle_build.core.files import sha256_file
 from oracle_build.oracle_venv import OracleVenv
 
@@ -270,10 +271,10 @@ def record_checks(venv: Path, facts: dict[str, Any]) -> list[tuple[str, str, str
         return [("build record", f"sha256 {str(anchor.get('build_record_sha256'))[:16]}... "
                  "(the anchor)", f"sha256 {digest[:16]}...: edited after publish")]
     try:
-        record = json.loads(record_file.read_text())
-    except ValueError:
-        return [("build record", "JSON", "unreadable")]
-    return library_mismatches(record.get("libraries") or {}, facts)
+        record = load_record(record_file)
+    except BadInput as exc:
+        return [("build record", "a build record", f"not one: {exc.message}")]
+    return library_mismatches(record.libraries, facts)
 
 
 def library_mismatches(built: dict[str, str], facts: dict[str, Any]) -> list[

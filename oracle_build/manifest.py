@@ -35,13 +35,19 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
+from oracle_build.contracts.record import (
+    ANCHOR_SCHEMA,
+    MANIFEST_SCHEMA,
+    Anchor,
+    FileManifest,
+    load_anchor,
+)
 from oracle_build.core import layout
-from oracle_build.core.errors import BuildFailed
+from oracle_build.core.errors import BadInput, BuildFailed
 from oracle_build.core.files import atomic_write_json, sha256_file
 
 MANIFEST = "manifest.json"
-MANIFEST_SCHEMA = 2  # 2: bytecode is part of the identity; the manifest is anchored
-ANCHOR_SCHEMA = 1
+
 # What a venv creates for itself (uv venv): no wheel's RECORD lists these.
 VENV_FILES = {"pyvenv.cfg", ".gitignore", ".lock", "CACHEDIR.TAG"}
 VENV_BIN = ("activate", "deactivate", "pydoc")
@@ -180,8 +186,10 @@ def build(venv: Path, *, relocated: dict[str, str] | None = None,
         raise BuildFailed("the venv's files disagree with what its wheels install:\n  "
                           + "\n  ".join(bad[:SHOWN])
                           + (f"\n  ... and {len(bad) - SHOWN} more" if len(bad) > SHOWN else ""))
-    return {"manifest_schema": MANIFEST_SCHEMA, "created_utc": layout.utc_now(),
-            "files": files, "symlinks": links, "startup_outside": startup or {}}
+    out = {"manifest_schema": MANIFEST_SCHEMA, "created_utc": layout.utc_now(),
+           "files": files, "symlinks": links, "startup_outside": startup or {}}
+    FileManifest.model_validate(out)  # what is written is what the committed schema says
+    return out
 
 
 # Written by the installer, not taken from a wheel: each names the venv's own path (the
@@ -220,19 +228,18 @@ def anchor_path(venv: Path) -> Path:
 
 def write_anchor(venv: Path, *, manifest_sha256: str, record_sha256: str,
                  content_fingerprint: str) -> None:
-    atomic_write_json(anchor_path(venv), {
-        "anchor_schema": ANCHOR_SCHEMA, "venv": venv.name, "manifest_sha256": manifest_sha256,
-        "build_record_sha256": record_sha256, "content_fingerprint": content_fingerprint,
-        "created_utc": layout.utc_now()})
+    anchor = Anchor(anchor_schema=ANCHOR_SCHEMA, venv=venv.name, manifest_sha256=manifest_sha256,
+                    build_record_sha256=record_sha256, content_fingerprint=content_fingerprint,
+                    created_utc=layout.utc_now())
+    atomic_write_json(anchor_path(venv), anchor.model_dump(mode="json"))
 
 
 def read_anchor(venv: Path) -> dict[str, Any] | None:
+    """The anchor as written (None: missing, or not an anchor this version writes)."""
     try:
-        data = json.loads(anchor_path(venv).read_text())
-    except (OSError, ValueError):
+        return load_anchor(anchor_path(venv)).model_dump(mode="json")
+    except BadInput:
         return None
-    return data if isinstance(data, dict) and data.get("anchor_schema") == ANCHOR_SCHEMA \
-        else None
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,15 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 
-from oracle_build import identity
+from oracle_build import identity, manifest
 from oracle_build.build.plan import UV_VERSION
 from oracle_build.cli import main
+from oracle_build.contracts import schemas
 from oracle_build.contracts.pins import CudaTarget
+from oracle_build.contracts.record import load_anchor, load_record
 from oracle_build.core import env as envmod
 from oracle_build.core import layout
 from oracle_build.core.errors import IdentityMismatch
@@ -56,6 +59,15 @@ def test_cpu_oracle_builds_and_proves_identity(cpu_oracle: BuiltOracle) -> None:
                                       "publish", "total"}
     assert Path(record["log"]).is_file()
     assert record["installer"]["uv"] == UV_VERSION
+    # every file the build wrote is its model's and its committed schema's
+    record_dir = cpu_oracle.venv / "oracle-build"
+    assert load_record(record_dir / "build-record.json").content_fingerprint == \
+        load_anchor(manifest.anchor_path(cpu_oracle.venv)).content_fingerprint
+    for name, schema in (("build-record.json", "build-record"), ("manifest.json", "manifest")):
+        jsonschema.validate(json.loads((record_dir / name).read_text()),
+                            schemas.committed(f"{schema}.schema.json"))
+    jsonschema.validate(json.loads(manifest.anchor_path(cpu_oracle.venv).read_text()),
+                        schemas.committed("anchor.schema.json"))
     assert not (cpu_oracle.home / "staging").exists() or not any(
         (cpu_oracle.home / "staging").iterdir())
 

@@ -217,9 +217,10 @@ def test_wheel_check_suffix_and_arch_set(tmp_path: Path, version: str, ids: list
     step = next(s for s in p.steps if s.name == "check-wheel")
     if error is None:
         steps.check_wheel(state, step)
-        assert state.facts["compiled_arches"]["offload_bundles"] == {
+        assert (state.facts.compiled_arches or {})["offload_bundles"] == {
             "vllm/_C.abi3.so": ["gfx1100"], "vllm/_rocm_C.abi3.so": ["gfx1100"]}
-        assert state.facts["wheel"]["version"] == f"{RUNTIME}.rocm723"
+        assert state.facts.wheel is not None
+        assert state.facts.wheel.version == f"{RUNTIME}.rocm723"
     else:
         with pytest.raises(BuildFailed) as err:
             steps.check_wheel(state, step)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from oracle_build import identity, manifest
 from oracle_build.build.plan import Plan, plan
-from oracle_build.build.record import RECORD_SCHEMA
 from oracle_build.build.steps import run
 from oracle_build.contracts.pins import Pin
+from oracle_build.contracts.record import RECORD_SCHEMA
 from oracle_build.core import layout
 from oracle_build.core.errors import IdentityMismatch
 from oracle_build.core.filelock import held

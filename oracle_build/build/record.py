@@ -7,13 +7,21 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from oracle_build import host, identity, manifest
 from oracle_build.build.plan import UV_VERSION
 from oracle_build.contracts.pins import GitSource
+from oracle_build.contracts.record import (
+    RECORD_SCHEMA,
+    BuildRecord,
+    InstalledDistribution,
+    Installer,
+    ManifestSummary,
+    ToolFacts,
+)
 from oracle_build.core import layout
 from oracle_build.core.errors import IdentityMismatch
 from oracle_build.core.files import atomic_write_json, sha256_file
@@ -22,51 +30,47 @@ from oracle_build.oracle_venv import OracleVenv
 if TYPE_CHECKING:
     from oracle_build.build.steps import BuildState
 
-# 2: the venv's file manifest (oracle-build/manifest.json); 3: bytecode in the manifest, the
-# mapped libraries, the content fingerprint, and the anchor beside the venv
-RECORD_SCHEMA = 3
-
-
-def build_record(state: BuildState, ident: identity.Identity) -> dict[str, Any]:
+def build_record(state: BuildState, ident: identity.Identity, *, manifest_summary: ManifestSummary,
+                 content_fingerprint: str, timings: dict[str, float]) -> BuildRecord:
+    """The record of the build ``state`` ran, with ``ident`` its identity at the final path."""
     p = state.plan
     lock_hashes = {e.key: e.sha256[0] for e in (p.pin.lock_entries or ())}
-    manifest = p.wheelhouse.files() if p.wheelhouse.manifest_path.exists() else {}
+    files = p.wheelhouse.files() if p.wheelhouse.manifest_path.exists() else {}
     wheel_by_key: dict[str, tuple[str | None, str | None]] = {}
-    for filename, info in manifest.items():
+    for filename, info in files.items():
         name, _version, _b, _t = parse_wheel_filename(filename)
         wheel_by_key[str(canonicalize_name(name))] = (filename, info["sha256"])
     dists = OracleVenv(p.staging_venv).distributions()
-    return {
-        "record_schema": RECORD_SCHEMA,
-        "created_utc": layout.utc_now(),
-        "tool": host.tool_facts(),
-        "pin": p.pin.summary(),
-        "target": {"name": p.target_name, **p.target.model_dump(mode="json")},
-        "resolved": p.resolved(),
-        "host": host.facts(p.build_env.get("CUDA_HOME")),
-        "installer": {"uv": UV_VERSION, "pip_for_wheel_build": (
-            p.pin.model.build.pip if isinstance(p.pin.model.vllm, GitSource) else None)},
-        "origin": state.origin,
-        "source": state.facts.get("source"),
-        "externals": state.facts.get("externals"),
-        "externals_declared": (state.facts.get("checkout") or {}).get("externals_declared"),
-        "build_requirements": state.facts.get("build_requirements"),
-        "wheel": state.facts.get("wheel"),
-        "compiled_arches": state.facts.get("compiled_arches"),
-        "distributions": [
-            {"name": k, "version": v,
-             "wheel": wheel_by_key.get(k, (None, None))[0],
-             "sha256": wheel_by_key.get(k, (None, lock_hashes.get(k)))[1]}
-            for k, v in sorted(dists.items())
-        ],
-        "preflight": state.facts.get("preflight"),
-        "timings": dict(state.steps.timings),
-        "log": str(layout.record_dir(p.venv) / layout.BUILD_LOG),
-        "identity": ident.summary(),
-        # every shared library the oracle's process mapped outside its venv, with its sha256
-        # (those inside are the manifest's): identity compares the next process's with these
-        "libraries": identity.outside_libraries(ident.facts),
-    }
+    facts = state.facts
+    return BuildRecord(
+        record_schema=RECORD_SCHEMA,
+        created_utc=layout.utc_now(),
+        tool=ToolFacts.model_validate(host.tool_facts()),
+        pin=p.pin.summary(),
+        target={"name": p.target_name, **p.target.model_dump(mode="json")},
+        resolved=p.resolved(),
+        host=host.facts(p.build_env.get("CUDA_HOME")),
+        installer=Installer(uv=UV_VERSION, pip_for_wheel_build=(
+            p.pin.model.build.pip if isinstance(p.pin.model.vllm, GitSource) else None)),
+        origin="built" if state.origin == "built" else "wheelhouse",
+        source=facts.source,
+        externals=facts.externals,
+        externals_declared=facts.checkout.externals_declared if facts.checkout else None,
+        build_requirements=facts.build_requirements,
+        wheel=facts.wheel,
+        compiled_arches=facts.compiled_arches,
+        distributions=[
+            InstalledDistribution(name=k, version=v,
+                                  wheel=wheel_by_key.get(k, (None, None))[0],
+                                  sha256=wheel_by_key.get(k, (None, lock_hashes.get(k)))[1])
+            for k, v in sorted(dists.items())],
+        preflight=facts.preflight,
+        timings=timings,
+        log=str(layout.record_dir(p.venv) / layout.BUILD_LOG),
+        identity=ident.summary(),
+        libraries=identity.outside_libraries(ident.facts),
+        content_fingerprint=content_fingerprint,
+        manifest=manifest_summary)
 
 
 def publish(state: BuildState) -> identity.Identity:
@@ -76,7 +80,6 @@ def publish(state: BuildState) -> identity.Identity:
     publish_start = time.monotonic()
     staged = OracleVenv(p.staging_venv)
     final_venv = OracleVenv(p.venv)
-    moved = identity.replace_path(build_record(state, ident), p.staging_venv, p.venv)
     staged.record_dir.mkdir(parents=True, exist_ok=True)
     # every file, as it will stand at the final path (console scripts name that python),
     # checked against its wheel's RECORD: written before the rename, like the record
@@ -87,17 +90,20 @@ def publish(state: BuildState) -> identity.Identity:
                            hashed=state.hashed)
     atomic_write_json(manifest.path(p.staging_venv), files)
     fingerprint = manifest.fingerprint(files)
-    moved["content_fingerprint"] = fingerprint
-    moved["manifest"] = {"files": len(files["files"]), "symlinks": len(files["symlinks"]),
-                         "bytecode": sum(1 for f in files["files"].values()
-                                         if f["kind"] == "bytecode"),
-                         "bytes": sum(f["size"] for f in files["files"].values()),
-                         "startup_outside": files["startup_outside"],
-                         "created_utc": files["created_utc"]}
-    moved["timings"]["manifest"] = round(time.monotonic() - start, 3)
+    summary = ManifestSummary(
+        files=len(files["files"]), symlinks=len(files["symlinks"]),
+        bytecode=sum(1 for f in files["files"].values() if f["kind"] == "bytecode"),
+        bytes=sum(f["size"] for f in files["files"].values()),
+        startup_outside=files["startup_outside"], created_utc=files["created_utc"])
+    timings = dict(state.steps.timings)
+    timings["manifest"] = round(time.monotonic() - start, 3)
+    # written as it will read at the final path (the venv is renamed into place)
+    staged_record = BuildRecord.model_validate(identity.replace_path(
+        build_record(state, ident, manifest_summary=summary, content_fingerprint=fingerprint,
+                     timings=timings).model_dump(mode="json"), p.staging_venv, p.venv))
     shutil.copy2(p.log, staged.record_dir / layout.BUILD_LOG)
     atomic_write_json(staged.record_dir / layout.IDENTITY_FACTS, ident.facts)
-    atomic_write_json(staged.record_path, moved)
+    atomic_write_json(staged.record_path, staged_record.model_dump(mode="json"))
     replaced = None
     p.venv.parent.mkdir(parents=True, exist_ok=True)
     if final_venv.exists():
@@ -111,15 +117,15 @@ def publish(state: BuildState) -> identity.Identity:
         if replaced is not None:
             os.rename(replaced, p.venv)
         raise IdentityMismatch(final.mismatches, where=f"{p.venv} (after the move)")
-    moved["identity"] = final.summary()
-    moved["timings"]["identity (final path)"] = round(time.monotonic() - start, 3)
-    moved["timings"]["publish"] = round(time.monotonic() - publish_start, 3)
-    moved["timings"]["total"] = round(sum(  # steps only; the final identity is in publish
-        v for k, v in moved["timings"].items()
-        if k not in ("total", "identity (final path)", "manifest")),
+    timings["identity (final path)"] = round(time.monotonic() - start, 3)
+    timings["publish"] = round(time.monotonic() - publish_start, 3)
+    timings["total"] = round(sum(  # steps only; the final identity is in publish
+        v for k, v in timings.items() if k not in ("total", "identity (final path)", "manifest")),
         3)
+    published = staged_record.model_copy(update={"identity": final.summary(),
+                                                 "timings": timings})
     atomic_write_json(final_venv.record_dir / layout.IDENTITY_FACTS, final.facts)
-    atomic_write_json(final_venv.record_path, moved)
+    atomic_write_json(final_venv.record_path, published.model_dump(mode="json"))
     # the anchor, outside the venv: written last, once the record is final (an oracle without
     # its anchor is an interrupted publish, never the oracle)
     manifest.write_anchor(p.venv, manifest_sha256=sha256_file(manifest.path(p.venv)),

@@ -22,6 +22,13 @@ from oracle_build.build import checkout, record, source
 from oracle_build.build.plan import Plan, Step
 from oracle_build.build.wheelhouse import Wheelhouse
 from oracle_build.contracts.pins import GitSource, LockEntry
+from oracle_build.contracts.record import (
+    BuildFacts,
+    CheckoutFacts,
+    DeclaredExternal,
+    SourceFacts,
+    WheelFacts,
+)
 from oracle_build.core import env as envmod
 from oracle_build.core import proc
 from oracle_build.core.errors import (
@@ -41,7 +48,7 @@ from oracle_build.oracle_venv import uv
 class BuildState:
     plan: Plan
     steps: Steps
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: BuildFacts = field(default_factory=BuildFacts)
     wheel: Path | None = None
     origin: str = "wheelhouse"
     identity: identity.Identity | None = None
@@ -104,7 +111,7 @@ def preflight(state: BuildState, step: Step) -> None:
                                       "(rustup), or set [build] rust_frontend = \"skip\"")
             facts[tool] = answer.output.strip()
     devices.module(p.target).preflight(p, facts)
-    state.facts["preflight"] = facts
+    state.facts.preflight = facts
 
 
 # ----------------------------------------------------------------------------- wheels
@@ -196,19 +203,19 @@ def source_(state: BuildState, step: Step) -> None:
     assert isinstance(src, GitSource)
     facts = source.clone_at(p.mirror or src.repository, p.staging / "src", src.commit,
                             log=p.log)
-    state.facts["source"] = facts.as_dict()
+    state.facts.source = SourceFacts.model_validate(facts.as_dict())
     say(f"    HEAD {facts.commit}  ({facts.describe})")
     tree = checkout.read_checkout(p.staging / "src", device=p.target.device,
                                   machine=p.target.machine,
                                   preferred_requirements=p.pin.model.build.build_requirements)
     state.tree = tree
-    state.facts["checkout"] = {
-        "externals_declared": [d.as_dict() for d in tree.externals],
-        "other_device_externals": {dev: [d.name for d in decl] for dev, decl in
-                                   tree.other_device_externals.items()},
-        "precompiled_switches": tree.switches,
-        "rust": tree.rust.__dict__ if tree.rust else None,
-    }
+    state.facts.checkout = CheckoutFacts(
+        externals_declared=[DeclaredExternal.model_validate(d.as_dict())
+                            for d in tree.externals],
+        other_device_externals={dev: [d.name for d in decl] for dev, decl in
+                                tree.other_device_externals.items()},
+        precompiled_switches=tree.switches,
+        rust=tree.rust.__dict__ if tree.rust else None)
     problems = checkout.pin_problems(
         tree, p.pin.externals_for(p.target), p.pin.model.build.rust_frontend,
         torch.version if (torch := p.pin.torch_for(p.target)) else None, p.target.machine)
@@ -241,7 +248,8 @@ def externals(state: BuildState, step: Step) -> None:
                                   f"{tagged or 'absent'}, the pin says {ext.commit}",
                                   hint="a moved tag is a different external: review it and "
                                   "regenerate the pin's [[externals]]")
-        state.facts.setdefault("externals", {})[ext.name] = facts.as_dict()
+        state.facts.externals = {**(state.facts.externals or {}),
+                                 ext.name: SourceFacts.model_validate(facts.as_dict())}
 
 
 def build_requirements(state: BuildState, step: Step) -> None:
@@ -252,9 +260,9 @@ def build_requirements(state: BuildState, step: Step) -> None:
     reqs = state.tree.requirements
     # the tree's index options first (a ROCm tree names AMD's wheel index), as pip reads them
     p.file("build-requirements.txt").write_text("\n".join([*reqs.options, *reqs.lines]) + "\n")
-    state.facts["build_requirements"] = reqs.lines
-    state.facts["build_requirement_options"] = reqs.options
-    state.facts["build_requirement_sources"] = reqs.sources
+    state.facts.build_requirements = reqs.lines
+    state.facts.build_requirement_options = reqs.options
+    state.facts.build_requirement_sources = reqs.sources
     commands(state, step)
 
 
@@ -307,14 +315,14 @@ def check_wheel(state: BuildState, step: Step) -> None:
                           f"says {src.commit}")
     state.wheel = wheel
     state.origin = "built"
-    state.facts["wheel"] = {"file": wheel.name, "sha256": sha256_file(wheel),
-                            "version": str(version), "rust_frontend": rust,
-                            "commit_id": (f"g{commit_id.removeprefix('g')}" if commit_id
-                                          else None)}
+    state.facts.wheel = WheelFacts(file=wheel.name, sha256=sha256_file(wheel),
+                                   version=str(version), rust_frontend=rust,
+                                   commit_id=(f"g{commit_id.removeprefix('g')}" if commit_id
+                                              else None))
     with devices.wheel_libraries(wheel) as (root, libraries):
         compiled = devices.module(p.target).check_wheel(p, libraries, root)
     if compiled is not None:
-        state.facts["compiled_arches"] = compiled
+        state.facts.compiled_arches = compiled
     p.wheelhouse.add(wheel, origin="built")
 
 
@@ -329,8 +337,7 @@ def use_built(state: BuildState, step: Step) -> None:
                           hint="run the build again: it plans a build from source")
     state.wheel = wheel
     state.origin = "wheelhouse"
-    state.facts["wheel"] = {"file": wheel.name, "sha256": sha256_file(wheel),
-                            "version": version}
+    state.facts.wheel = WheelFacts(file=wheel.name, sha256=sha256_file(wheel), version=version)
 
 
 def install_built(state: BuildState, step: Step) -> None:

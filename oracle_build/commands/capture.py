@@ -149,7 +149,7 @@ def golden_from(job: Job, result: engine.EngineResult, run: dict[str, Any],
 def weights_consumed(job: Job, result: engine.EngineResult) -> None:
     """A generated model's every tensor must reach vLLM's loader: one it skips leaves that
     part of the model at its initial values, and the golden would test nothing there."""
-    audit = result.raw.get("weights") or {}
+    audit = result.result.weights or {}
     skipped = audit.get("unconsumed")
     if skipped is None:
         raise EngineFailed(f"{job.spec.name}: the driver did not report which checkpoint "
@@ -245,7 +245,7 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
                 for job, run in zip(group, result.runs, strict=True):
                     durations = {"engine_start": result.start_seconds,
                                  "legs": sum(run["leg_seconds"]),
-                                 "driver_wall": float(result.raw.get("seconds") or 0.0)}
+                                 "driver_wall": float(result.result.seconds or 0.0)}
                     golden = golden_from(job, result, run, durations)
                     legs = golden.legs
                     assert legs is not None

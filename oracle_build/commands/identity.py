@@ -44,6 +44,7 @@ def run_identity(args: argparse.Namespace) -> int:
     ident = identity.check(pin, pin.target(target), venv, deep=args.deep)
     print_identity(ident, args.json)
     if args.deep:
+        from oracle_build.contracts.record import DeepIdentity
         from oracle_build.core.files import atomic_write_json
         from oracle_build.core.layout import beside_record, build_record_path, utc_now
 
@@ -52,9 +53,9 @@ def run_identity(args: argparse.Namespace) -> int:
         say(f"deep check: {hashed} files hashed in {seconds:.1f}s")
         if build_record_path(venv).is_file() and not venv.is_symlink():
             # beside the build record, never in it: its sha256 is what goldens record
-            atomic_write_json(beside_record(venv, "deep-identity"), {
-                "utc": utc_now(), "ok": ident.ok, "files_hashed": hashed,
-                "seconds": round(seconds, 3), "mismatches": len(ident.mismatches)})
+            deep = DeepIdentity(utc=utc_now(), ok=ident.ok, files_hashed=hashed,
+                                seconds=round(seconds, 3), mismatches=len(ident.mismatches))
+            atomic_write_json(beside_record(venv, "deep-identity"), deep.model_dump(mode="json"))
     if not ident.ok:
         raise IdentityMismatch(ident.mismatches, where=str(venv))
     return EXIT_OK

@@ -36,6 +36,7 @@ from oracle_build.commands.common import (
 )
 from oracle_build.contracts.golden import load_golden
 from oracle_build.contracts.pins import Pin
+from oracle_build.contracts.record import NumericsRecord
 from oracle_build.contracts.reports import GoldenVerdict
 from oracle_build.contracts.spec import load_spec
 from oracle_build.core.errors import (
@@ -196,12 +197,11 @@ def record(oracle: engine.Oracle, out: Outcome, *, complete: bool) -> None:
     if not build_record_path(oracle.venv.path).is_file() or oracle.venv.path.is_symlink():
         return
     path = beside_record(oracle.venv.path, "numerics")
-    data: dict[str, Any] = {"utc": utc_now(), "set": str(out.set_dir),
-                        "verdict": out.line or f"exit {out.exit_code}",
-                        "fingerprint": out.fingerprint, "whole_battery": complete,
-                        "captured": out.captured,
-                        "verified": [v.name for v in out.verified]}
-    atomic_write_json(path, data)
+    data = NumericsRecord(utc=utc_now(), set=str(out.set_dir),
+                          verdict=out.line or f"exit {out.exit_code}",
+                          fingerprint=out.fingerprint, whole_battery=complete,
+                          captured=out.captured, verified=[v.name for v in out.verified])
+    atomic_write_json(path, data.model_dump(mode="json"))
 
 
 # ----------------------------------------------------------------------------- command line

@@ -11,14 +11,28 @@ HERE = Path(__file__).parent
 
 def generated() -> dict[str, dict[str, Any]]:
     from oracle_build.contracts.candidate import Candidate
+    from oracle_build.contracts.driver import DriverResult
     from oracle_build.contracts.golden import Golden
+    from oracle_build.contracts.record import (
+        Anchor,
+        BuildRecord,
+        DeepIdentity,
+        FileManifest,
+        NumericsRecord,
+    )
     from oracle_build.contracts.reports import DiffReport, ExplainReport, VerifyReport
 
     return {"golden.schema.json": Golden.model_json_schema(by_alias=True, mode="validation"),
             "verify-report.schema.json": VerifyReport.model_json_schema(mode="validation"),
             "candidate.schema.json": Candidate.model_json_schema(mode="validation"),
             "explain.schema.json": ExplainReport.model_json_schema(mode="validation"),
-            "diff.schema.json": DiffReport.model_json_schema(mode="validation")}
+            "diff.schema.json": DiffReport.model_json_schema(mode="validation"),
+            "build-record.schema.json": BuildRecord.model_json_schema(mode="validation"),
+            "manifest.schema.json": FileManifest.model_json_schema(mode="validation"),
+            "anchor.schema.json": Anchor.model_json_schema(mode="validation"),
+            "deep-identity.schema.json": DeepIdentity.model_json_schema(mode="validation"),
+            "numerics-record.schema.json": NumericsRecord.model_json_schema(mode="validation"),
+            "driver-result.schema.json": DriverResult.model_json_schema(mode="validation")}
 
 
 def write() -> list[Path]:

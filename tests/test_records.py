@@ -1,0 +1,146 @@
+"""The typed records and the device modules (issue 23): every file the tool writes has a
+model and a committed schema; a driver answer is validated like any input; nothing
+outside oracle_build/devices/ branches on a target's device."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from oracle_build import devices
+from oracle_build.contracts import schemas
+from oracle_build.contracts.driver import DRIVER_SCHEMA, DriverResult
+from oracle_build.contracts.pins import CpuTarget, CudaTarget, RocmTarget, load_pin
+from oracle_build.contracts.record import load_anchor, load_record
+from oracle_build.core.errors import BadInput, EngineFailed
+from oracle_build.core.files import validate
+from oracle_build.engine import EngineResult
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "oracle_build"
+
+
+def test_committed_schemas_are_the_models() -> None:
+    """`oracle-build schema` would write nothing new: each committed schema is its model's."""
+    for name, schema in schemas.generated().items():
+        assert schemas.committed(name) == json.loads(json.dumps(schema, sort_keys=True)), name
+    names = {p.name for p in (PACKAGE / "contracts" / "schemas").glob("*.schema.json")}
+    assert names == set(schemas.generated())
+    assert {"build-record.schema.json", "manifest.schema.json", "anchor.schema.json",
+            "driver-result.schema.json", "deep-identity.schema.json",
+            "numerics-record.schema.json"} <= names
+
+
+def test_driver_schema_is_the_drivers() -> None:
+    """inside/driver.py imports nothing from the harness: its constant is checked here."""
+    text = (PACKAGE / "inside" / "driver.py").read_text()
+    assert re.search(rf"^DRIVER_SCHEMA = {DRIVER_SCHEMA}\b", text, re.M)
+
+
+GOOD = {"driver_schema": 2, "ok": True, "env": {}, "env_after_import": {},
+        "engine_start_seconds": 1.5, "resolved": {}, "resolved_after": {},
+        "backends": {"attention": {"value": ["TORCH_SDPA"]}, "moe": {"value": None}},
+        "arrays_file": "arrays.npz", "seconds": 2.0,
+        "runs": [{"name": "g", "sampling": {"temperature": 0.0}, "leg_seconds": [0.1],
+                  "legs": [[{"prompt_token_ids": [1, 2], "token_ids": [3, 4], "text": "x",
+                             "finish_reason": "length"}]]}]}
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"ok": "yes"}, "ok"),
+    ({"driver_schema": 3}, "driver_schema"),
+    ({"arrays_file": None}, "arrays_file"),
+    ({"backends": {"attention": {}}}, "backends.moe"),
+    ({"runs": [{**GOOD["runs"][0], "legs": [[{**GOOD["runs"][0]["legs"][0][0],  # type: ignore[index]
+                                                "token_ids": [3, "4"]}]]}]},
+     "runs[0].legs[0][0].token_ids[1]"),
+    ({"runs": [{**GOOD["runs"][0], "legs": []}]}, "runs[0].legs"),  # type: ignore[dict-item]
+    ({"ok": False}, "error"),
+])
+def test_a_malformed_driver_answer_names_its_field(tmp_path: Path, change: dict[str, object],
+                                                   field: str) -> None:
+    validate(DriverResult, GOOD, tmp_path / "answer.json")  # the original is good
+    bad = {**GOOD, **change}
+    assert bad != GOOD
+    with pytest.raises(BadInput) as info:
+        validate(DriverResult, bad, tmp_path / "answer.json")
+    assert field in str(info.value), str(info.value)
+
+
+def test_a_failed_answer_raises_with_its_error(tmp_path: Path) -> None:
+    failed = validate(DriverResult, {"driver_schema": 2, "ok": False,
+                                     "error": "RuntimeError: out of memory",
+                                     "traceback": "line 1\nline 2"}, tmp_path / "a.json")
+    result = EngineResult(failed, {}, {}, tmp_path / "engine.log")
+    with pytest.raises(EngineFailed, match="out of memory"):
+        result.require()
+
+
+def test_records_refuse_what_they_are_not(tmp_path: Path) -> None:
+    path = tmp_path / "build-record.json"
+    path.write_text(json.dumps({"record_schema": 3, "origin": "downloaded"}))
+    with pytest.raises(BadInput) as info:
+        load_record(path)
+    assert "origin" in str(info.value) and "created_utc: required field is missing" in str(
+        info.value)
+    anchor = tmp_path / "a.anchor.json"
+    anchor.write_text(json.dumps({"anchor_schema": 1, "venv": "v", "manifest_sha256": "0" * 64,
+                                  "build_record_sha256": "0" * 64,
+                                  "content_fingerprint": "not hex", "created_utc": "t"}))
+    with pytest.raises(BadInput, match="content_fingerprint"):
+        load_anchor(anchor)
+
+
+# ----------------------------------------------------------------------------- devices
+
+
+def test_each_target_is_its_devices_model() -> None:
+    gpu = load_pin(REPO / "pins" / "vllm-555967922.toml")
+    assert isinstance(gpu.target("sm_121"), CudaTarget)
+    assert isinstance(gpu.target("gfx1100"), RocmTarget)
+    assert isinstance(load_pin(REPO / "pins" / "cpu.toml").target("cpu"), CpuTarget)
+    for name, target in gpu.model.targets.items():
+        assert target.device == devices.module(target).NAME, name
+
+
+def test_a_field_of_another_device_is_refused(tmp_path: Path) -> None:
+    """A CPU target naming a GPU field is an unknown key, at targets.<name>.<field> (the
+    union's tag never shows in the path)."""
+    text = (REPO / "pins" / "cpu.toml").read_text()
+    path = tmp_path / "cpu.toml"
+    path.write_text(text.replace('device = "cpu"\n', 'device = "cpu"\ngfx_arch = "gfx1100"\n'))
+    assert path.read_text() != text
+    (tmp_path / "cpu.lock.txt").write_text((REPO / "pins" / "cpu.lock.txt").read_text())
+    with pytest.raises(BadInput) as info:
+        load_pin(path)
+    assert "targets.cpu.gfx_arch: unknown key" in str(info.value), str(info.value)
+
+
+def test_pin_hashes_are_kept() -> None:
+    """The content hash is taken over the flat schema-1 target form: the pins keep the
+    hashes their oracles, wheelhouses and goldens were keyed by before the union."""
+    assert load_pin(REPO / "pins" / "cpu.toml").key == "cpu-26df6bc30703"
+    assert load_pin(REPO / "pins" / "previous" / "cpu-0.31.toml").content_hash.startswith(
+        "aebd72383b1eecac")
+    assert load_pin(REPO / "pins" / "vllm-555967922.toml").content_hash.startswith(
+        "615379a1fa7fa260")
+
+
+DEVICE_BRANCH = re.compile(r"""\.device\s*(==|!=|in\b)|device\s*==\s*["'](cpu|cuda|rocm)""")
+
+
+def test_nothing_outside_devices_branches_on_the_device() -> None:
+    """Adding a device is one module under devices/ (the probe, which runs in the oracle's
+    own interpreter and imports nothing from the harness, is told its torch device)."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] in ("devices", "inside"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if DEVICE_BRANCH.search(line.split("#", 1)[0]):
+                offenders.append(f"{rel}:{number}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
