@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from oracle_build import build
-from oracle_build.build import checkout
+from oracle_build.build import checkout, cmake, externals, requirements
 from oracle_build.cli import main
 from oracle_build.contracts.pins import External, load_pin
 from oracle_build.core.errors import BadInput, Unestablished
@@ -59,7 +59,7 @@ def test_vendored_tree_is_the_release_source_unchanged() -> None:
 
 @pytest.mark.parametrize("machine", ["aarch64", "x86_64"])
 def test_cuda_externals_are_exactly_the_ten(machine: str) -> None:
-    found = checkout.scan_externals(TREE, device="cuda", machine=machine)
+    found = cmake.scan_externals(TREE, device="cuda", machine=machine)
     assert {d.name: (d.src_dir_var, d.tag) for d in found} == CUDA_EXTERNALS
     cutlass = next(d for d in found if d.name == "cutlass")
     assert cutlass.tag == "v4.7.1" and not cutlass.is_commit  # resolved from set()
@@ -71,15 +71,15 @@ def test_cuda_externals_are_exactly_the_ten(machine: str) -> None:
 
 
 def test_cpu_and_rocm_externals_are_their_own() -> None:
-    x86 = checkout.scan_externals(TREE, device="cpu", machine="x86_64")
+    x86 = cmake.scan_externals(TREE, device="cpu", machine="x86_64")
     assert [(d.name, d.tag, d.src_dir_var) for d in x86] == [
         ("oneDNN", "v3.13", "FETCHCONTENT_SOURCE_DIR_ONEDNN")]  # one oneDNN: x86's tag
-    arm = {d.name: d for d in checkout.scan_externals(TREE, device="cpu", machine="aarch64")}
+    arm = {d.name: d for d in cmake.scan_externals(TREE, device="cpu", machine="aarch64")}
     assert set(arm) == {"oneDNN", "arm_compute"}
     assert arm["oneDNN"].tag == "9c5be1cc59e368aebf0909e6cf20f981ea61462a"
     assert arm["arm_compute"].tag == "v52.6.0" and arm["arm_compute"].src_dir_var == \
         "ACL_ROOT_DIR"
-    rocm = checkout.scan_externals(TREE, device="rocm", machine="x86_64")
+    rocm = cmake.scan_externals(TREE, device="rocm", machine="x86_64")
     assert [(d.name, d.repository, d.tag) for d in rocm] == [
         ("triton_kernels", "https://github.com/ROCm/triton.git",
          "669b31acc1dd1b3fd93286afd5db67f65d9f7557")]
@@ -133,35 +133,35 @@ def test_externals_command_without_and_with_mirrors(tmp_path: Path,
 
 
 def test_build_requirements_from_pyproject_then_the_layout() -> None:
-    found = checkout.build_requirements(TREE, device="cuda")
+    found = requirements.build_requirements(TREE, device="cuda")
     reqs, sources = found.lines, found.sources
     assert found.options == []
     assert sources == ["pyproject.toml [build-system] requires", "requirements/build/cuda.txt"]
     pyproject = tomllib.loads((TREE / "pyproject.toml").read_text())["build-system"]["requires"]
     assert reqs[:len(pyproject)] == pyproject  # PEP 518 first
-    split = checkout.split_torch(reqs, TREE / "pyproject.toml")
+    split = requirements.split_torch(reqs, TREE / "pyproject.toml")
     assert split.torch == ["torch == 2.13.0", "torch==2.13.0"]
     assert not any(line.startswith("torch") for line in split.lines)
     assert "setuptools-rust>=1.9.0" in split.lines and "setuptools>=77.0.3,<81.0.0" in split.lines
-    assert checkout.torch_disagreement(split.torch, "2.13.0+cu130") is None
-    why = checkout.torch_disagreement(split.torch, "2.12.0+cu130")
+    assert requirements.torch_disagreement(split.torch, "2.13.0+cu130") is None
+    why = requirements.torch_disagreement(split.torch, "2.12.0+cu130")
     assert why == "the tree requires 'torch == 2.13.0', the pin installs torch 2.12.0+cu130"
-    cpu_found = checkout.build_requirements(TREE, device="cpu")
+    cpu_found = requirements.build_requirements(TREE, device="cpu")
     cpu, cpu_sources = cpu_found.lines, cpu_found.sources
     assert cpu_sources[1] == "requirements/build/cpu.txt"
-    cpu_torch = checkout.split_torch(cpu, TREE / "pyproject.toml").torch
-    assert checkout.torch_disagreement(cpu_torch, "2.13.0+cpu") is None
+    cpu_torch = requirements.split_torch(cpu, TREE / "pyproject.toml").torch
+    assert requirements.torch_disagreement(cpu_torch, "2.13.0+cpu") is None
 
 
 def test_rocm_build_requirements_follow_includes_and_keep_the_index() -> None:
     """requirements/build/rocm.txt as vLLM 0.32.0 ships it: `-r ../common.txt` followed,
     AMD's `--extra-index-url` kept for the install, its torch left to the pin (and checked
     against the gfx1100 target's torch)."""
-    found = checkout.build_requirements(TREE, device="rocm")
+    found = requirements.build_requirements(TREE, device="rocm")
     assert found.sources[1] == "requirements/build/rocm.txt"
     assert found.sources[2] == "requirements/common.txt (-r from requirements/build/rocm.txt)"
     assert found.options == ["--extra-index-url https://repo.amd.com/rocm/whl-multi-arch/"]
-    common = checkout.read_requirement_lines(TREE / "requirements" / "common.txt").lines
+    common = requirements.read_requirement_lines(TREE / "requirements" / "common.txt").lines
     assert common and all(line in found.file for line in common)
     facts = checkout.read_checkout(TREE, device="rocm", machine="x86_64")
     reqs = facts.requirements
@@ -173,8 +173,8 @@ def test_rocm_build_requirements_follow_includes_and_keep_the_index() -> None:
     assert "triton==3.7.1+git0263a6a6" in reqs.lines and "amdsmi==7.0.2" in reqs.lines
     assert not any(line.startswith("torch=") or line.startswith("torch ")
                    for line in reqs.lines)
-    assert checkout.torch_disagreement(reqs.torch, "2.12.0+rocm7.14.0") is None
-    why = checkout.torch_disagreement(reqs.torch, "2.13.0+rocm7.2")
+    assert requirements.torch_disagreement(reqs.torch, "2.12.0+rocm7.14.0") is None
+    why = requirements.torch_disagreement(reqs.torch, "2.13.0+rocm7.2")
     assert why == ("the tree requires 'torch==2.12.0+rocm7.14.0', the pin installs torch "
                    "2.13.0+rocm7.2")
 
@@ -183,13 +183,13 @@ def test_requirement_includes_cycles_and_unknown_options(tmp_path: Path) -> None
     (tmp_path / "a.txt").write_text("-r b.txt\nfoo==1\n")
     (tmp_path / "b.txt").write_text("--index-url https://example.invalid/simple\n-r a.txt\n")
     with pytest.raises(BadInput, match="includes itself"):
-        checkout.read_requirement_lines(tmp_path / "a.txt")
+        requirements.read_requirement_lines(tmp_path / "a.txt")
     (tmp_path / "c.txt").write_text("--pre\nfoo\n")
     with pytest.raises(BadInput, match="--pre"):
-        checkout.read_requirement_lines(tmp_path / "c.txt")
+        requirements.read_requirement_lines(tmp_path / "c.txt")
     (tmp_path / "d.txt").write_text("-i https://x.invalid/simple\n-r e.txt  # base\nbar\n")
     (tmp_path / "e.txt").write_text("baz>=2\n")
-    read = checkout.read_requirement_lines(tmp_path / "d.txt")
+    read = requirements.read_requirement_lines(tmp_path / "d.txt")
     assert read.lines == ["baz>=2", "bar"] and read.options == [
         "--index-url https://x.invalid/simple"]
     assert read.included == [(tmp_path / "e.txt").resolve()]
@@ -207,7 +207,7 @@ def test_switches_rust_and_commit_id_from_the_tree() -> None:
 def tree_pin(tmp_path: Path, *, rust: str | None = "build") -> Path:
     """The GPU pin with this tree's externals filled in, as a gate host would do it."""
     commits = make_mirrors(tmp_path / "mirrors")
-    block = checkout.externals_block(TREE, device="cuda", machine="aarch64",
+    block = externals.externals_block(TREE, device="cuda", machine="aarch64",
                                      mirrors=tmp_path / "mirrors")
     assert not block.missing and commits
     text = GPU_PIN.read_text()

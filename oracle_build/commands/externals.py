@@ -36,7 +36,7 @@ def register(sub: Subparsers) -> None:
 def run_externals(args: argparse.Namespace) -> int:
     import platform
 
-    from oracle_build.build.checkout import externals_block
+    from oracle_build.build.externals import externals_block
     from oracle_build.core.errors import EXIT_UNESTABLISHED
 
     block = externals_block(Path(args.checkout), device=args.device,
