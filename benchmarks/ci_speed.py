@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from oracle_build import engine, goldens, host, judge  # noqa: E402
+from oracle_build import goldens, host, judge  # noqa: E402
 from oracle_build.commands.verify import records_complete, token_results  # noqa: E402
 from oracle_build.contracts.golden import load_golden, recorded  # noqa: E402
 from oracle_build.contracts.spec import load_spec  # noqa: E402
@@ -43,6 +43,9 @@ from oracle_build.contracts.topk import TopKTable  # noqa: E402
 from oracle_build.core import env as envmod  # noqa: E402
 from oracle_build.core import layout  # noqa: E402
 from oracle_build.goldens import publish  # noqa: E402
+from oracle_build.models import recorded_model  # noqa: E402
+from oracle_build.oracles import engine_env, open_oracle  # noqa: E402
+from oracle_build.runs import run_from_golden  # noqa: E402
 
 GOLDEN = REPO / "goldens" / "tiny-llama-greedy"
 BARE = """
@@ -84,13 +87,13 @@ def bare_request(home: Path, legs: int, work: Path) -> tuple[Path, dict[str, str
     path = GOLDEN / "golden.json"
     rec = recorded(load_golden(path), path)
     pin = goldens.golden_pin(rec, path, unpack_to=layout.pins_dir(home))
-    oracle = engine.open_oracle(pin, rec.oracle.target, home)
-    model = engine.recorded_model(rec, path, home, oracle)
+    oracle = open_oracle(pin, rec.oracle.target, home)
+    model = recorded_model(rec, path, home, oracle)
     request = {"model": str(model), "engine_args": dict(rec.engine.requested),
-               "runs": [engine.run_from_golden(rec, legs=legs)]}
+               "runs": [run_from_golden(rec, legs=legs)]}
     req = work / f"bare-{legs}.json"
     req.write_text(json.dumps(request))
-    env = envmod.oracle_env(engine.engine_env(oracle.target))
+    env = envmod.oracle_env(engine_env(oracle.target))
     return req, env, oracle.venv.python
 
 

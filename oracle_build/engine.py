@@ -1,295 +1,37 @@
-"""Running the oracle's engine, for every command that does (capture, verify, margin,
-determinism, explain): the oracle opened with its identity checked, the model resolved and
-its files' hashes enforced, the engine arguments, the run requests, the grouping of runs
-that share one engine configuration, and one ``EngineSession`` per engine start (memory
-preflight, the one-engine-per-home lock, the driver, the result parsed).
-"""
+"""One engine start (``EngineSession``): memory preflight, the one-engine-per-home lock, the
+driver in the oracle venv (or the engine host that already proved identity), and its
+answer validated (``EngineResult``), the top-k rows put back from their arrays."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oracle_build import devices, generators, host, identity, manifest
+from oracle_build import host
 from oracle_build.contracts.driver import DriverResult
 from oracle_build.contracts.golden import (
     BackendValue,
     EngineRecord,
-    ModelRecord,
     ReadValue,
-    Recorded,
     Unreadable,
 )
-from oracle_build.contracts.pins import Pin, Target
-from oracle_build.contracts.spec import ModelSpec, SamplingSpec, Spec
+from oracle_build.contracts.pins import Target
 from oracle_build.contracts.topk import TopKTable
 from oracle_build.core import layout
 from oracle_build.core.env import RECORDED_PREFIXES
 from oracle_build.core.errors import (
     BadInput,
     EngineFailed,
-    IdentityMismatch,
-    ModelMismatch,
-    OracleMissing,
     PreflightFailed,
 )
 from oracle_build.core.filelock import held
-from oracle_build.core.files import load_json, sha256_file, validate
+from oracle_build.core.files import validate
 from oracle_build.core.log import say
-from oracle_build.oracle_venv import EngineHost, OracleVenv
+from oracle_build.oracles import Oracle, engine_env
 
-MODEL_FILE_GLOBS = ("*.json", "*.safetensors", "*.bin", "*.model", "*.txt", "*.tiktoken")
 BACKEND_LOG = re.compile(r"Using (?:the )?([A-Za-z0-9_]+) (?:attention )?backend", re.I)
-
-
-# ----------------------------------------------------------------------------- the oracle
-
-
-@dataclass(frozen=True)
-class Oracle:
-    pin: Pin
-    target_name: str
-    target: Target
-    venv: OracleVenv
-    identity: identity.Identity
-    build_record_sha256: str
-    content_fingerprint: str | None
-    # the engine host whose probe gave ``identity``, waiting for the first engine run
-    hosts: list[EngineHost] = field(default_factory=list, compare=False)
-
-    def take_host(self) -> EngineHost | None:
-        return self.hosts.pop() if self.hosts else None
-
-
-def engine_env(target: Target) -> dict[str, str]:
-    """The environment every engine of this target runs with (in-process engine core)."""
-    return {**target.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-
-
-def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
-                engine_log: Path | None = None, deep: bool = True) -> Oracle:
-    """The pin's built oracle with its identity re-checked. ``require``: refuse one that is
-    not the pin's (IdentityMismatch); otherwise the caller reads ``identity.ok``.
-
-    ``engine_log``: an engine will run, so the identity probe runs inside the engine host
-    (driver.py --serve, logging there): it imports vLLM once for both, and starts no engine
-    until the harness has compared its facts with the pin and hands it a request.
-    ``deep``: every file hashed (every engine-running command's check; without an engine
-    host, alone)."""
-    venv = OracleVenv(layout.oracle_path(home, pin.key))
-    if not venv.exists():
-        raise OracleMissing(f"no oracle for pin {pin.id} at {venv.path}",
-                            hint="run `nox -s build_oracle` first")
-    target = pin.target(target_name)
-    say(f"checking oracle identity: {venv.path}")
-    hosts: list[EngineHost] = []
-    if engine_log is not None:
-        engine_host = venv.serve(identity.probe_args(target), env=engine_env(target),
-                                 log=engine_log)
-        # every file hashed (not only those whose size or mtime moved: both can be put back)
-        # while the host imports vLLM; no engine starts before the hashes agree
-        try:
-            files = deep_files(venv.path)
-            facts = engine_host.facts()
-        except BaseException:
-            engine_host.close()
-            raise
-        ident = identity.check(pin, target, venv.path, facts=facts, files=files) \
-            if facts is not None else identity.check(pin, target, venv.path, deep=True)
-        if ident.ok and facts is not None:
-            hosts.append(engine_host)
-        else:
-            engine_host.close()
-    else:  # identity.check hashes while its probe imports vLLM
-        ident = identity.check(pin, target, venv.path, deep=deep)
-    if require and not ident.ok:
-        raise IdentityMismatch(ident.mismatches, where=str(venv.path),
-                               hint="`build_oracle -- --rebuild` replaces a drifted oracle")
-    digest = sha256_file(venv.record_path) if venv.has_record() else ""
-    anchor = manifest.read_anchor(venv.path) or {}
-    return Oracle(pin, target_name, target, venv, ident, digest,
-                  anchor.get("content_fingerprint"), hosts)
-
-
-def deep_files(venv: Path) -> manifest.Check | None:
-    """Every file of the venv hashed against its anchored manifest; None when the manifest
-    cannot be read (identity.check then says why)."""
-    recorded, problems = manifest.load(venv)
-    if recorded is None or problems:
-        return None
-    say(f"    hashing every file of the oracle ({len(recorded['files'])}) while its python "
-        "imports vLLM for the identity probe")
-    return manifest.check(venv, recorded, deep=True)
-
-
-@dataclass
-class Oracles:
-    """The oracles one command uses, each opened (identity checked) once. ``engine``:
-    (what, name) of the engine runs to come: each oracle's identity is then probed inside
-    its engine host (see ``open_oracle``). ``close`` ends hosts no engine run took."""
-
-    home: Path
-    opened: dict[tuple[str, str], Oracle] = field(default_factory=dict)
-    engine: tuple[str, str] | None = None
-
-    def close(self) -> None:
-        for oracle in self.opened.values():
-            while (engine_host := oracle.take_host()) is not None:
-                engine_host.close()
-
-    def __enter__(self) -> Oracles:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def get(self, pin: Pin, target_name: str, *, require: bool = True) -> Oracle:
-        key = (pin.key, target_name)
-        if key not in self.opened:
-            log = layout.log_path(self.home, *self.engine) if self.engine else None
-            self.opened[key] = open_oracle(pin, target_name, self.home, require=False,
-                                           engine_log=log)
-        oracle = self.opened[key]
-        if require and not oracle.identity.ok:
-            raise IdentityMismatch(oracle.identity.mismatches, where=str(oracle.venv.path),
-                                   hint="`build_oracle -- --rebuild` replaces a drifted "
-                                   "oracle")
-        return oracle
-
-
-@contextmanager
-def opened(home: Path, given: Oracles | None, *,
-           engine_for: tuple[str, str] | None) -> Iterator[Oracles]:
-    """The caller's Oracles, or one of its own for a command whose engines will run
-    (``engine_for``: what and name of the first engine log) whose unused engine hosts are
-    ended on the way out."""
-    if given is not None:
-        yield given
-        return
-    with Oracles(home, engine=engine_for) as oracles:
-        yield oracles
-
-
-# ----------------------------------------------------------------------------- the model
-
-
-def hub_cache() -> Path:
-    """The Hugging Face hub cache: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]) / "hub"
-    return Path.home() / ".cache" / "huggingface" / "hub"
-
-
-def resolve_model(spec: ModelSpec, base: Path, home: Path,
-                  oracle: Oracle | None = None) -> tuple[Path, ModelRecord]:
-    """The model folder and its record: every file hashed, pinned hashes enforced. A
-    generated battery model takes its layout from ``oracle``'s transformers."""
-    if spec.generate:
-        path = layout.model_dir(home, spec.generate)
-        generators.generate(spec.generate, path, home=home,
-                            venv=oracle.venv if oracle else None,
-                            transformers=oracle.identity.summary()["transformers"]
-                            if oracle else None)
-        source = f"generated:{spec.generate}"
-    elif spec.path:
-        path = (base / spec.path).resolve()
-        source = f"path:{spec.path}"
-    else:
-        assert spec.repo_id and spec.revision
-        path = (hub_cache() / f"models--{spec.repo_id.replace('/', '--')}" / "snapshots"
-                / spec.revision)
-        source = f"hub:{spec.repo_id}@{spec.revision}"
-    if not path.is_dir():
-        raise PreflightFailed(f"model folder {path} not found",
-                              hint="models are read from local disk only; put the files there")
-    files: dict[str, dict[str, Any]] = {}
-    for pattern in MODEL_FILE_GLOBS:
-        for f in sorted(path.glob(pattern)):
-            if f.is_file():
-                files[f.name] = {"sha256": sha256_file(f), "size": f.stat().st_size}
-    problems = []
-    for name, digest in spec.files.items():
-        got = files.get(name)
-        if got is None:
-            problems.append(f"{name}: pinned but missing from {path}")
-        elif got["sha256"] != digest:
-            problems.append(f"{name}: sha256 {got['sha256']} but the spec pins {digest}")
-    if problems:
-        raise ModelMismatch("the model is not the pinned one:\n  " + "\n  ".join(problems),
-                            hint="restore the pinned files; a changed model needs a new spec")
-    arch = None
-    if "config.json" in files:
-        cfg = load_json(path / "config.json")
-        arch = cfg.get("architectures") if isinstance(cfg, dict) else None
-    record = ModelRecord(
-        source=source, path=str(path), revision=spec.revision, files=files,
-        architectures=arch,
-        tokenizer_sha256=(files.get("tokenizer.json") or files.get("tokenizer.model") or {}
-                          ).get("sha256"),
-        generation_config_sha256=(files.get("generation_config.json") or {}).get("sha256"),
-    )
-    return path, record
-
-
-def recorded_model(rec: Recorded, golden_path: Path, home: Path,
-                   oracle: Oracle | None = None) -> Path:
-    """The model folder a recorded golden names, its pinned hashes enforced."""
-    path, _record = resolve_model(ModelSpec.model_validate(rec.spec.get("model", {})),
-                                  golden_path.parent, home, oracle)
-    return path
-
-
-# ----------------------------------------------------------------------------- requests
-
-
-def engine_args(requested: dict[str, Any], target: Target) -> dict[str, Any]:
-    """The spec's arguments over the target's defaults. On CPU the KV cache is always
-    bounded: left alone, vLLM's CPU engine takes most of the host's memory."""
-    args = {**target.engine_defaults, **requested}
-    devices.module(target).engine_args(args)
-    return args
-
-
-def run_from_spec(spec: Spec, *, legs: int | None = None) -> dict[str, Any]:
-    """One run of a spec: its prompts, generate() calls, legs and sampling."""
-    prompts = [{"token_ids": p.token_ids} if p.token_ids is not None else {"text": p.text}
-               for p in spec.prompts]
-    return {"name": spec.name, "prompts": prompts, "calls": spec.calls(),
-            "legs": legs if legs is not None else spec.legs,
-            "sampling": spec.sampling.vllm_kwargs(spec.logprobs)}
-
-
-def run_from_golden(rec: Recorded, *, legs: int = 1) -> dict[str, Any]:
-    """One run under a golden's recorded prompts, batch composition and sampling."""
-    golden = rec.golden
-    spec_prompts = {p["id"]: p for p in rec.spec.get("prompts", [])}
-    prompts = []
-    for p in golden.prompts:
-        sp = spec_prompts.get(p.id, {})
-        prompts.append({"text": sp["text"]} if sp.get("text") is not None
-                       else {"token_ids": list(p.prompt_token_ids)})
-    index = {p.id: i for i, p in enumerate(golden.prompts)}
-    calls = [[index[pid] for pid in call] for call in rec.batch["calls"]]
-    sampling = SamplingSpec.model_validate(rec.spec.get("sampling", {}))
-    return {"name": golden.name, "prompts": prompts, "calls": calls, "legs": legs,
-            "sampling": sampling.vllm_kwargs(rec.logprobs)}
-
-
-def config_key(oracle: Oracle, model_path: Path, args: dict[str, Any]) -> str:
-    """Runs whose keys are equal share one engine start."""
-    return json.dumps([oracle.pin.key, oracle.target_name, str(model_path), args],
-                      sort_keys=True, default=str)
-
-
-# ----------------------------------------------------------------------------- one engine
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,9 @@ from oracle_build.contracts.candidate import load_candidate, pair
 from oracle_build.contracts.golden import Golden, golden_file, load_golden, recorded
 from oracle_build.core import layout
 from oracle_build.core.errors import EXIT_OK, BadInput
+from oracle_build.models import recorded_model
+from oracle_build.oracles import Oracles
+from oracle_build.runs import run_from_golden, run_from_spec
 
 
 def _session(golden: Golden, path: Path, home: Path, *,
@@ -27,8 +30,8 @@ def _session(golden: Golden, path: Path, home: Path, *,
     """An engine session under a golden's recorded configuration (with ``changes``)."""
     rec = recorded(golden, path)
     pin = goldens.golden_pin(rec, path, unpack_to=layout.pins_dir(home))
-    oracle = engine.Oracles(home).get(pin, rec.oracle.target)
-    model = engine.recorded_model(rec, path, home, oracle)
+    oracle = Oracles(home).get(pin, rec.oracle.target)
+    model = recorded_model(rec, path, home, oracle)
     return engine.EngineSession(oracle, model, {**rec.engine.requested, **(changes or {})},
                                 home)
 
@@ -86,15 +89,15 @@ def determinism(path: Path, *, home: Path, legs: int = 5) -> dict[str, Any]:
     golden: Golden | None = None
     if (path.is_dir() and not (path / "golden.json").exists()) or path.suffix == ".toml":
         job = make_job(path)
-        prepare(job, engine.Oracles(home), home)
+        prepare(job, Oracles(home), home)
         session = job.session(home)
-        run = engine.run_from_spec(job.spec, legs=legs)
+        run = run_from_spec(job.spec, legs=legs)
         name, ids = job.spec.name, [p.id for p in job.spec.prompts]
     else:
         path = golden_file(path)
         golden = load_golden(path)
         session = _session(golden, path, home)
-        run = engine.run_from_golden(recorded(golden, path), legs=legs)
+        run = run_from_golden(recorded(golden, path), legs=legs)
         name, ids = golden.name, [p.id for p in golden.prompts]
     result = session.run([run], what="determinism", name=name).require()
     all_legs = result.runs[0]["legs"]

@@ -42,6 +42,9 @@ from oracle_build.core.errors import EXIT_OK, BadInput, EngineFailed, OutputFail
 from oracle_build.core.filelock import held
 from oracle_build.core.files import read_text, sha256_bytes, sha256_file
 from oracle_build.core.log import say
+from oracle_build.models import resolve_model
+from oracle_build.oracles import Oracle, Oracles, opened
+from oracle_build.runs import by_engine, engine_args, run_from_spec
 
 
 @dataclass
@@ -52,15 +55,19 @@ class Job:
     pin: Pin
     target_name: str
     pin_path: Path
-    oracle: engine.Oracle | None = None
+    oracle: Oracle | None = None
     model_path: Path | None = None
     model: ModelRecord | None = None
     args: dict[str, Any] | None = None
 
-    def session(self, home: Path) -> engine.EngineSession:
+    def configuration(self) -> tuple[Oracle, Path, dict[str, Any]]:
+        """The engine configuration this job runs under (prepared)."""
         assert self.oracle is not None and self.model_path is not None
         assert self.args is not None
-        return engine.EngineSession(self.oracle, self.model_path, self.args, home)
+        return self.oracle, self.model_path, self.args
+
+    def session(self, home: Path) -> engine.EngineSession:
+        return engine.EngineSession(*self.configuration(), home)
 
 
 def make_job(path: Path, *, host_target: str | None = None, out: Path | None = None) -> Job:
@@ -74,12 +81,12 @@ def make_job(path: Path, *, host_target: str | None = None, out: Path | None = N
     return Job(spec, sp, golden, pin, target, pin_path)
 
 
-def prepare(job: Job, oracles: engine.Oracles, home: Path) -> None:
+def prepare(job: Job, oracles: Oracles, home: Path) -> None:
     """Open the job's oracle (identity first), resolve its model and engine arguments."""
     job.oracle = oracles.get(job.pin, job.target_name)
-    job.model_path, job.model = engine.resolve_model(job.spec.model, job.spec_path.parent, home,
+    job.model_path, job.model = resolve_model(job.spec.model, job.spec_path.parent, home,
                                                      job.oracle)
-    job.args = engine.engine_args(job.spec.engine, job.oracle.target)
+    job.args = engine_args(job.spec.engine, job.oracle.target)
 
 
 def embedded_pin(pin: Pin) -> EmbeddedPin:
@@ -196,7 +203,7 @@ def writable_or_refuse(folder: Path) -> None:
 
 def capture(paths: list[Path], *, home: Path, replace: bool = False,
             allow_nondeterministic: bool = False, target: str | None = None,
-            out: Path | None = None, oracles: engine.Oracles | None = None,
+            out: Path | None = None, oracles: Oracles | None = None,
             reason: str | None = None) -> list[Path]:
     """Capture every spec in ``paths``; returns the goldens written. Replacing a golden
     needs ``reason``; the new golden records it and what it replaced."""
@@ -215,17 +222,14 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
                           "golden's oracle (a re-baseline says why)")
         writable_or_refuse(job.golden_path.parent)
     # an engine will run: each oracle's identity is probed inside its engine host
-    with engine.opened(home, oracles, engine_for=("capture", jobs[0].spec.name) if jobs
+    with opened(home, oracles, engine_for=("capture", jobs[0].spec.name) if jobs
                        else None) as oracles:
-        groups: dict[str, list[Job]] = {}
         for job in jobs:
             prepare(job, oracles, home)
-            assert job.oracle is not None and job.model_path is not None and job.args is not None
-            groups.setdefault(engine.config_key(job.oracle, job.model_path, job.args),
-                              []).append(job)
+        groups = by_engine(jobs, Job.configuration)
         say("ORACLE_IDENTITY_OK")
         written: list[Path] = []
-        for n, group in enumerate(groups.values(), start=1):
+        for n, group in enumerate(groups, start=1):
             say(f"==> engine {n}/{len(groups)}: {', '.join(j.spec.name for j in group)}")
             with ExitStack() as stack:
                 for j in group:
@@ -237,7 +241,7 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
                                       "this one waited; a golden is never overwritten")
                 generated = group[0].spec.model.generate is not None
                 result = group[0].session(home).run(
-                    [engine.run_from_spec(j.spec) for j in group], what="capture",
+                    [run_from_spec(j.spec) for j in group], what="capture",
                     name=group[0].spec.name, audit_weights=generated).require()
                 say(f"    engine log: {result.log}")
                 if generated:

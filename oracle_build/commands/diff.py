@@ -36,9 +36,12 @@ from oracle_build.core import layout
 from oracle_build.core.errors import EXIT_OK
 from oracle_build.core.files import atomic_write_json
 from oracle_build.core.log import say
+from oracle_build.models import recorded_model
+from oracle_build.oracles import Oracle, Oracles
+from oracle_build.runs import engine_args, run_from_golden
 
 
-def side(oracle: engine.Oracle) -> OracleSide:
+def side(oracle: Oracle) -> OracleSide:
     s = oracle.identity.summary()
     return OracleSide(pin_id=oracle.pin.id, pin_key=oracle.pin.key,
                       pin_hash=oracle.pin.content_hash, target=oracle.target_name,
@@ -46,7 +49,7 @@ def side(oracle: engine.Oracle) -> OracleSide:
                       transformers=s.get("transformers"), venv=str(oracle.venv.path))
 
 
-def package_changes(a: engine.Oracle, b: engine.Oracle) -> list[PackageChange]:
+def package_changes(a: Oracle, b: Oracle) -> list[PackageChange]:
     da = a.identity.summary().get("distributions") or {}
     db = b.identity.summary().get("distributions") or {}
     return [PackageChange(name=n, a=da.get(n), b=db.get(n))
@@ -64,7 +67,7 @@ def verdict_of(results: list[judge.TokenResult]) -> str:
 
 def diff(pin_a: Pin, pin_b: Pin, paths: list[Path], *, home: Path,
          target: str | None = None) -> tuple[DiffReport, Path]:
-    oracles = engine.Oracles(home)
+    oracles = Oracles(home)
     a = oracles.get(pin_a, devices.choose_target(pin_a, host.host(), target))
     b = oracles.get(pin_b, devices.choose_target(pin_b, host.host(), target))
     out: list[GoldenDiff] = []
@@ -76,12 +79,12 @@ def diff(pin_a: Pin, pin_b: Pin, paths: list[Path], *, home: Path,
                                   why="its configuration was never recorded"))
             continue
         rec = recorded(golden, path)
-        request = engine.run_from_golden(rec)
+        request = run_from_golden(rec)
         runs = []
         for label, oracle in (("A", a), ("B", b)):
             say(f"==> {golden.name} ({n}/{len(goldens)}) on {label}: {oracle.pin.key}")
-            model = engine.recorded_model(rec, path, home, oracle)
-            args = engine.engine_args(dict(rec.engine.requested), oracle.target)
+            model = recorded_model(rec, path, home, oracle)
+            args = engine_args(dict(rec.engine.requested), oracle.target)
             result = engine.EngineSession(oracle, model, args, home).run(
                 [request], what="diff", name=f"{golden.name}-{label}")
             if not result.ok:  # what moved can be that one oracle no longer runs it

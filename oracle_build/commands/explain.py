@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,9 @@ from oracle_build.core import layout
 from oracle_build.core.errors import EXIT_OK, BadInput
 from oracle_build.core.files import atomic_write_json, sha256_file
 from oracle_build.core.log import fmt_seconds, say
+from oracle_build.models import recorded_model
+from oracle_build.oracles import Oracle, Oracles
+from oracle_build.runs import by_engine, engine_args, run_from_golden
 
 BATCH = "batch"  # the pseudo-setting for batch composition
 # Settings known to move greedy numerics (BRIEF section 5), with the values tried.
@@ -101,7 +103,7 @@ def explain(path: Path, *, home: Path, vary: dict[str, list[Any]] | None = None,
         target_name = rec.oracle.target
         model = None  # resolved once the oracle is open (a battery model needs it)
         base_args = dict(rec.engine.requested)
-        request = engine.run_from_golden(rec, legs=legs)
+        request = run_from_golden(rec, legs=legs)
     else:
         if pin_path is None or model_path is None:
             raise BadInput(path, [("engine", "unrecorded: explain starts from the engine's "
@@ -112,10 +114,10 @@ def explain(path: Path, *, home: Path, vary: dict[str, list[Any]] | None = None,
         base_args = dict(pin.target(target_name).engine_defaults)
         request = _unrecorded_request(golden, legs)
         base_batch = "per_prompt"
-    oracle = engine.Oracles(home).get(pin, target_name)
+    oracle = Oracles(home).get(pin, target_name)
     if model is None:
-        model = engine.recorded_model(recorded(golden, path), path, home, oracle)
-    base_args = engine.engine_args(base_args, oracle.target)
+        model = recorded_model(recorded(golden, path), path, home, oracle)
+    base_args = engine_args(base_args, oracle.target)
     vary = vary if vary is not None else DEFAULT_VARY
     state = _State(golden, oracle, model, base_args, request, base_batch, budget, home)
     state.try_candidates([{}] + [{k: v} for k, vals in vary.items() for v in vals
@@ -163,7 +165,7 @@ def _unrecorded_request(golden: Golden, legs: int) -> dict[str, Any]:
 
 
 class _State:
-    def __init__(self, golden: Golden, oracle: engine.Oracle, model: Path,
+    def __init__(self, golden: Golden, oracle: Oracle, model: Path,
                  base_args: dict[str, Any], request: dict[str, Any], base_batch: str,
                  budget: int, home: Path) -> None:
         self.golden, self.oracle, self.model = golden, oracle, model
@@ -191,14 +193,10 @@ class _State:
         return batch, self.request["calls"]
 
     def try_candidates(self, changes_list: list[dict[str, Any]]) -> None:
-        groups: dict[str, list[dict[str, Any]]] = {}
-        for changes in changes_list:
-            if _name(changes) in self.results:
-                continue
-            key = json.dumps(self._args(changes), sort_keys=True, default=str)
-            groups.setdefault(key, []).append(changes)
+        pending = [c for c in changes_list if _name(c) not in self.results]
+        groups = by_engine(pending, lambda c: (self.oracle, self.model, self._args(c)))
         total = len(groups)
-        for n, group in enumerate(groups.values(), start=1):
+        for n, group in enumerate(groups, start=1):
             if self.engine_starts >= self.budget:
                 for changes in group:
                     batch, _ = self._calls(changes)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oracle_build import devices, engine, generators, host
+from oracle_build import devices, generators, host
 from oracle_build.commands import capture as capture_cmd
 from oracle_build.commands import verify as verify_cmd
 from oracle_build.commands.common import (
@@ -47,6 +47,7 @@ from oracle_build.core.errors import (
 from oracle_build.core.files import atomic_write_bytes, atomic_write_json, read_text
 from oracle_build.core.layout import beside_record, build_record_path, utc_now
 from oracle_build.core.log import say
+from oracle_build.oracles import Oracle, Oracles
 
 OK_LINE = "ORACLE_NUMERICS_OK"
 DRIFT_LINE = "ORACLE_NUMERICS_DRIFT"
@@ -65,7 +66,7 @@ class Outcome:
     drift: list[str] = field(default_factory=list)
 
 
-def variant_of(oracle: engine.Oracle) -> str:
+def variant_of(oracle: Oracle) -> str:
     """The third part of a golden set's key: the CPU kernel variant on CPU targets, the
     device (name and sm) on GPU targets."""
     if devices.module(oracle.target).BY_CPU_VARIANT:
@@ -155,7 +156,7 @@ def numerics(*, pin: Pin, pin_path: Path, target: str | None, battery: Path, hom
              only: list[str] | None = None) -> Outcome:
     specs = battery_specs(battery, only)
     target_name = devices.choose_target(pin, host.host(), target)
-    oracles = engine.Oracles(home)
+    oracles = Oracles(home)
     oracle = oracles.get(pin, target_name)  # identity first (exit 3)
     where = set_dir(battery, pin, target_name, variant_of(oracle))
     out = Outcome(where)
@@ -192,7 +193,7 @@ def numerics(*, pin: Pin, pin_path: Path, target: str | None, battery: Path, hom
     return out
 
 
-def record(oracle: engine.Oracle, out: Outcome, *, complete: bool) -> None:
+def record(oracle: Oracle, out: Outcome, *, complete: bool) -> None:
     """The fingerprint and verdict, beside the oracle's build record (never in it)."""
     if not build_record_path(oracle.venv.path).is_file() or oracle.venv.path.is_symlink():
         return

@@ -51,7 +51,10 @@ from oracle_build.core.errors import (
 )
 from oracle_build.core.layout import captures_dir, utc_now
 from oracle_build.core.log import say
+from oracle_build.models import recorded_model
+from oracle_build.oracles import Oracle, Oracles, opened
 from oracle_build.report import UNRECORDED_BANNER, ci_reports, render
+from oracle_build.runs import by_engine, engine_args, run_from_golden
 
 IDENTITY_FIELDS = ("vllm", "torch", "transformers", "flashinfer", "device")
 OTHER_VARIANT = "captured under CPU kernel variant"
@@ -87,7 +90,7 @@ def records_complete(rec: Recorded, path: Path) -> None:
                        "verified; re-capture it with `capture`")
 
 
-def wheel_diff(rec: Recorded, oracle: engine.Oracle) -> list[FieldDiff]:
+def wheel_diff(rec: Recorded, oracle: Oracle) -> list[FieldDiff]:
     """The vLLM wheel's sha256 (or commit) the golden's pin names against the current
     pin's, when the golden carries its pin."""
     embedded = rec.oracle.embedded_pin
@@ -106,7 +109,7 @@ def wheel_diff(rec: Recorded, oracle: engine.Oracle) -> list[FieldDiff]:
     return out
 
 
-def identity_diffs(rec: Recorded, oracle: engine.Oracle) -> list[FieldDiff]:
+def identity_diffs(rec: Recorded, oracle: Oracle) -> list[FieldDiff]:
     now = oracle.identity.summary()
     diffs = [FieldDiff(field=f, golden=rec.oracle.identity.get(f), current=now.get(f),
                        cls="identity")
@@ -136,11 +139,16 @@ class Item:
     gate_reason: str
     verdict: GoldenVerdict | None = None
     target_name: str = ""
-    oracle: engine.Oracle | None = None
+    oracle: Oracle | None = None
     model_path: Path | None = None
     args: dict[str, Any] = field(default_factory=dict)
     # verify --oracle: the oracle is knowingly not the golden's; run anyway, report this
     oracle_differs: list[FieldDiff] = field(default_factory=list)
+
+    def configuration(self) -> tuple[Oracle, Path, dict[str, Any]]:
+        """The engine configuration this golden re-runs under (once it is to run)."""
+        assert self.oracle is not None and self.model_path is not None
+        return self.oracle, self.model_path, self.args
 
 
 def token_results(golden: Golden, leg: list[dict[str, Any]], band: float) -> list[
@@ -155,7 +163,7 @@ def verdict(item: Item, result: engine.EngineResult, run: dict[str, Any]) -> Gol
     new = {"engine": result.engine_record(), "environment": result.environment,
            "sampling": run["sampling"],
            "calls": [[g.prompts[i].id for i in call]
-                     for call in engine.run_from_golden(item.rec)["calls"]]}
+                     for call in run_from_golden(item.rec)["calls"]]}
     numerics, context = judge.config_diffs(item.rec, new)
     band = g.gate.band_nats
     results = token_results(g, run["legs"][0], band)
@@ -201,7 +209,7 @@ def discover(paths: list[Path]) -> list[Path]:
     return found
 
 
-def verify(paths: list[Path], *, home: Path, oracles: engine.Oracles | None = None,
+def verify(paths: list[Path], *, home: Path, oracles: Oracles | None = None,
            pin_override: Pin | None = None, cross_target: bool = False) -> VerifyReport:
     """``pin_override``: run every golden on this pin's oracle instead of the golden's own
     (identity then reports what differs). ``cross_target``: run a golden recorded for
@@ -258,9 +266,9 @@ def verify(paths: list[Path], *, home: Path, oracles: engine.Oracles | None = No
             continue
         items.append(Item(path, rec, pin, reason, target_name=rec.oracle.target))
     # an engine will run: each oracle's identity is probed inside its engine host
-    with engine.opened(home, oracles, engine_for=("verify", items[0].rec.golden.name)
+    with opened(home, oracles, engine_for=("verify", items[0].rec.golden.name)
                        if items else None) as oracles:
-        groups: dict[str, list[Item]] = {}
+        to_run: list[Item] = []
         for item in items:
             oracle = oracles.get(item.pin, item.target_name, require=False)
             if not oracle.identity.ok:
@@ -285,19 +293,18 @@ def verify(paths: list[Path], *, home: Path, oracles: engine.Oracles | None = No
                     why="the current oracle is not the golden's; nothing was run",
                     identity=ident, adjudicable=False)
                 continue
-            item.model_path = engine.recorded_model(item.rec, item.path, home, oracle)
+            item.model_path = recorded_model(item.rec, item.path, home, oracle)
             item.args = dict(item.rec.engine.requested)
             if item.target_name != item.rec.oracle.target:  # this target's defaults (KV bound)
-                item.args = engine.engine_args(item.args, oracle.target)
+                item.args = engine_args(item.args, oracle.target)
             item.oracle = oracle
-            groups.setdefault(engine.config_key(oracle, item.model_path, item.args),
-                              []).append(item)
-        for n, group in enumerate(groups.values(), start=1):
+            to_run.append(item)
+        groups = by_engine(to_run, Item.configuration)
+        for n, group in enumerate(groups, start=1):
             lead = group[0]
-            assert lead.oracle is not None and lead.model_path is not None
             say(f"==> engine {n}/{len(groups)}: {', '.join(i.rec.golden.name for i in group)}")
-            session = engine.EngineSession(lead.oracle, lead.model_path, lead.args, home)
-            result = session.run([engine.run_from_golden(i.rec) for i in group], what="verify",
+            session = engine.EngineSession(*lead.configuration(), home)
+            result = session.run([run_from_golden(i.rec) for i in group], what="verify",
                                  name=lead.rec.golden.name).require()
             for item, run in zip(group, result.runs, strict=True):
                 item.verdict = verdict(item, result, run)

@@ -1,0 +1,146 @@
+"""The oracle a command runs on, opened with its identity checked: the venv at its pin's
+key, its record and anchor, every file's hash while the engine host imports vLLM (for
+commands that start an engine); several oracles held open by one command (``Oracles``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from oracle_build import identity, manifest
+from oracle_build.contracts.pins import Pin, Target
+from oracle_build.core import layout
+from oracle_build.core.errors import (
+    IdentityMismatch,
+    OracleMissing,
+)
+from oracle_build.core.files import sha256_file
+from oracle_build.core.log import say
+from oracle_build.oracle_venv import EngineHost, OracleVenv
+
+
+@dataclass(frozen=True)
+class Oracle:
+    pin: Pin
+    target_name: str
+    target: Target
+    venv: OracleVenv
+    identity: identity.Identity
+    build_record_sha256: str
+    content_fingerprint: str | None
+    # the engine host whose probe gave ``identity``, waiting for the first engine run
+    hosts: list[EngineHost] = field(default_factory=list, compare=False)
+
+    def take_host(self) -> EngineHost | None:
+        return self.hosts.pop() if self.hosts else None
+
+
+def engine_env(target: Target) -> dict[str, str]:
+    """The environment every engine of this target runs with (in-process engine core)."""
+    return {**target.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
+                engine_log: Path | None = None, deep: bool = True) -> Oracle:
+    """The pin's built oracle with its identity re-checked. ``require``: refuse one that is
+    not the pin's (IdentityMismatch); otherwise the caller reads ``identity.ok``.
+
+    ``engine_log``: an engine will run, so the identity probe runs inside the engine host
+    (driver.py --serve, logging there): it imports vLLM once for both, and starts no engine
+    until the harness has compared its facts with the pin and hands it a request.
+    ``deep``: every file hashed (every engine-running command's check; without an engine
+    host, alone)."""
+    venv = OracleVenv(layout.oracle_path(home, pin.key))
+    if not venv.exists():
+        raise OracleMissing(f"no oracle for pin {pin.id} at {venv.path}",
+                            hint="run `nox -s build_oracle` first")
+    target = pin.target(target_name)
+    say(f"checking oracle identity: {venv.path}")
+    hosts: list[EngineHost] = []
+    if engine_log is not None:
+        engine_host = venv.serve(identity.probe_args(target), env=engine_env(target),
+                                 log=engine_log)
+        # every file hashed (not only those whose size or mtime moved: both can be put back)
+        # while the host imports vLLM; no engine starts before the hashes agree
+        try:
+            files = deep_files(venv.path)
+            facts = engine_host.facts()
+        except BaseException:
+            engine_host.close()
+            raise
+        ident = identity.check(pin, target, venv.path, facts=facts, files=files) \
+            if facts is not None else identity.check(pin, target, venv.path, deep=True)
+        if ident.ok and facts is not None:
+            hosts.append(engine_host)
+        else:
+            engine_host.close()
+    else:  # identity.check hashes while its probe imports vLLM
+        ident = identity.check(pin, target, venv.path, deep=deep)
+    if require and not ident.ok:
+        raise IdentityMismatch(ident.mismatches, where=str(venv.path),
+                               hint="`build_oracle -- --rebuild` replaces a drifted oracle")
+    digest = sha256_file(venv.record_path) if venv.has_record() else ""
+    anchor = manifest.read_anchor(venv.path) or {}
+    return Oracle(pin, target_name, target, venv, ident, digest,
+                  anchor.get("content_fingerprint"), hosts)
+
+
+def deep_files(venv: Path) -> manifest.Check | None:
+    """Every file of the venv hashed against its anchored manifest; None when the manifest
+    cannot be read (identity.check then says why)."""
+    recorded, problems = manifest.load(venv)
+    if recorded is None or problems:
+        return None
+    say(f"    hashing every file of the oracle ({len(recorded['files'])}) while its python "
+        "imports vLLM for the identity probe")
+    return manifest.check(venv, recorded, deep=True)
+
+
+@dataclass
+class Oracles:
+    """The oracles one command uses, each opened (identity checked) once. ``engine``:
+    (what, name) of the engine runs to come: each oracle's identity is then probed inside
+    its engine host (see ``open_oracle``). ``close`` ends hosts no engine run took."""
+
+    home: Path
+    opened: dict[tuple[str, str], Oracle] = field(default_factory=dict)
+    engine: tuple[str, str] | None = None
+
+    def close(self) -> None:
+        for oracle in self.opened.values():
+            while (engine_host := oracle.take_host()) is not None:
+                engine_host.close()
+
+    def __enter__(self) -> Oracles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def get(self, pin: Pin, target_name: str, *, require: bool = True) -> Oracle:
+        key = (pin.key, target_name)
+        if key not in self.opened:
+            log = layout.log_path(self.home, *self.engine) if self.engine else None
+            self.opened[key] = open_oracle(pin, target_name, self.home, require=False,
+                                           engine_log=log)
+        oracle = self.opened[key]
+        if require and not oracle.identity.ok:
+            raise IdentityMismatch(oracle.identity.mismatches, where=str(oracle.venv.path),
+                                   hint="`build_oracle -- --rebuild` replaces a drifted "
+                                   "oracle")
+        return oracle
+
+
+@contextmanager
+def opened(home: Path, given: Oracles | None, *,
+           engine_for: tuple[str, str] | None) -> Iterator[Oracles]:
+    """The caller's Oracles, or one of its own for a command whose engines will run
+    (``engine_for``: what and name of the first engine log) whose unused engine hosts are
+    ended on the way out."""
+    if given is not None:
+        yield given
+        return
+    with Oracles(home, engine=engine_for) as oracles:
+        yield oracles
