@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -345,113 +346,143 @@ def import_path(path: Path, *, name: str | None = None) -> Golden:
                                for e in exc.errors(include_url=False)][:10]) from None
 
 
-def _build(name: str, path: Path, doc: tuple[dict[str, Any], OracleJson] | None,
-           battery: dict[str, Any] | None, files: dict[str, str]) -> Golden:
-    unrecorded: dict[str, str] = {}
-    source_fields: dict[str, Any] = {}
-    cap = doc[1].capture if doc else None
-    if doc:
-        raw, oj = doc
-        source_fields = {k: v for k, v in raw.items() if k != "golden"}
-        fmt = "vllm.cpp-schema2" if cap else "vllm.cpp-legacy"
-        stated = {"vllm": oj.vllm, "transformers": oj.transformers,
-                  "flashinfer": oj.flashinfer}
-        oracle = StatedOracle(stated=stated, note="versions as the source states them; it "
-                              "names no pin and records no identity check")
-        model = ModelRecord(source=f"path:{oj.model}", path=oj.model, revision=oj.revision,
-                            files={}, architectures=None, tokenizer_sha256=None,
-                            generation_config_sha256=None)
-        unrecorded["model.files"] = "the source names the checkpoint and its revision, and " \
-            "hashes no file"
-        sampling: dict[str, Any] = oj.sampling.model_dump()
-        prompts = [PromptRecord(id=f"p{i}", text=g.prompt, prompt_token_ids=g.prompt_token_ids,
-                                token_ids=g.token_ids, output_text=g.text, finish_reason=None,
-                                topk=None) for i, g in enumerate(oj.golden)]
-    else:
-        fmt = "vllm.cpp-battery"
-        oracle = StatedOracle(stated={}, note="a battery records no versions, pin or identity")
-        model = None
-        unrecorded["model"] = "a battery records no model"
-        sampling = {}
-        unrecorded["sampling"] = "a battery records no sampling parameters"
-        assert battery is not None
-        prompts = [PromptRecord(id=f"p{i}", text=None, prompt_token_ids=ids,
-                                token_ids=battery["tokens"][i], output_text=None,
-                                finish_reason=None, topk=None)
-                   for i, ids in enumerate(battery["prompts"])]
-    if battery and doc:
-        # our own export: check both halves tell the same story
-        for i, p in enumerate(prompts):
-            if i >= len(battery["prompts"]) or battery["prompts"][i] != p.prompt_token_ids \
-                    or battery["tokens"][i] != p.token_ids:
-                raise BadInput(path, [(f"golden[{i}]", "oracle.json and the battery disagree "
-                                       "on this prompt's ids or tokens")])
-        if len(battery["prompts"]) != len(prompts):
-            raise BadInput(path, [("golden", "oracle.json and the battery hold different "
-                                   "numbers of prompts")])
-    table = battery["topk"] if battery else None
-    if table is None:
-        unrecorded["topk"] = "the source records no logprobs"
-    engine: EngineRecord | None = None
-    batch: dict[str, Any] | None = None
+@dataclass
+class _Half:
+    """What one half of a vllm.cpp golden states (oracle.json, or the battery files)."""
+
+    fmt: str
+    oracle: StatedOracle
+    model: ModelRecord | None
+    sampling: dict[str, Any]
+    prompts: list[PromptRecord]
+    source_fields: dict[str, Any]
+    unrecorded: dict[str, str]
+
+
+def _from_oracle_json(raw: dict[str, Any], oj: OracleJson) -> _Half:
+    stated = {"vllm": oj.vllm, "transformers": oj.transformers, "flashinfer": oj.flashinfer}
+    return _Half(
+        fmt="vllm.cpp-schema2" if oj.capture else "vllm.cpp-legacy",
+        oracle=StatedOracle(stated=stated, note="versions as the source states them; it "
+                            "names no pin and records no identity check"),
+        model=ModelRecord(source=f"path:{oj.model}", path=oj.model, revision=oj.revision,
+                          files={}, architectures=None, tokenizer_sha256=None,
+                          generation_config_sha256=None),
+        sampling=oj.sampling.model_dump(),
+        prompts=[PromptRecord(id=f"p{i}", text=g.prompt, prompt_token_ids=g.prompt_token_ids,
+                              token_ids=g.token_ids, output_text=g.text, finish_reason=None,
+                              topk=None) for i, g in enumerate(oj.golden)],
+        source_fields={k: v for k, v in raw.items() if k != "golden"},
+        unrecorded={"model.files": "the source names the checkpoint and its revision, and "
+                    "hashes no file"})
+
+
+def _from_battery(battery: dict[str, Any]) -> _Half:
+    return _Half(
+        fmt="vllm.cpp-battery",
+        oracle=StatedOracle(stated={}, note="a battery records no versions, pin or identity"),
+        model=None, sampling={},
+        prompts=[PromptRecord(id=f"p{i}", text=None, prompt_token_ids=ids,
+                              token_ids=battery["tokens"][i], output_text=None,
+                              finish_reason=None, topk=None)
+                 for i, ids in enumerate(battery["prompts"])],
+        source_fields={},
+        unrecorded={"model": "a battery records no model",
+                    "sampling": "a battery records no sampling parameters"})
+
+
+def _same_story(prompts: list[PromptRecord], battery: dict[str, Any], path: Path) -> None:
+    """Our own export holds both halves: they must tell the same story."""
+    for i, p in enumerate(prompts):
+        if i >= len(battery["prompts"]) or battery["prompts"][i] != p.prompt_token_ids \
+                or battery["tokens"][i] != p.token_ids:
+            raise BadInput(path, [(f"golden[{i}]", "oracle.json and the battery disagree "
+                                   "on this prompt's ids or tokens")])
+    if len(battery["prompts"]) != len(prompts):
+        raise BadInput(path, [("golden", "oracle.json and the battery hold different "
+                               "numbers of prompts")])
+
+
+def _engine_and_batch(cap: CaptureBlock | None, prompts: list[PromptRecord], legacy: bool,
+                      unrecorded: dict[str, str]) -> tuple[EngineRecord | None,
+                                                           dict[str, Any] | None]:
     if cap is not None and cap.engine_config_recorded and cap.engine:
         eng = cap.engine
         resolved = {k: ReadValue.model_validate({"value": v, "from": "vllm.cpp capture."
                                                  "engine.resolved"})
                     for k, v in (eng.get("resolved") or {}).items()}
-        engine = EngineRecord(requested={}, resolved=resolved, backends={})
         unrecorded["engine.requested"] = f"the source names a profile ({eng.get('profile')}) " \
             "but not its arguments"
         batch = {"shape": (cap.batch or {}).get("shape"),
                  "calls": [[prompts[i].id for i in c] if isinstance(c, list) else [c]
                            for c in (cap.batch or {}).get("prompts", [])]}
-    elif cap is not None:
-        reason = str(getattr(cap, "unrecoverable_reason", None) or
-                     "engine_config_recorded is false")
-        unrecorded["engine"] = reason
+        return EngineRecord(requested={}, resolved=resolved, backends={}), batch
+    if cap is not None:
+        unrecorded["engine"] = str(getattr(cap, "unrecoverable_reason", None) or
+                                   "engine_config_recorded is false")
     else:
-        unrecorded["engine"] = ("the legacy format records no engine setting at all" if doc
+        unrecorded["engine"] = ("the legacy format records no engine setting at all" if legacy
                                 else "a battery records no engine setting")
-    if batch is None:
-        unrecorded["batch"] = "the source records no batch composition (see engine)"
-    legs: LegsRecord | None = None
-    nondet: bool | None = None
-    cells: list[dict[str, Any]] = []
+    unrecorded["batch"] = "the source records no batch composition (see engine)"
+    return None, None
+
+
+def _legs(battery: dict[str, Any] | None, cap: CaptureBlock | None,
+          unrecorded: dict[str, str]) -> tuple[LegsRecord | None, bool | None,
+                                               list[dict[str, Any]]]:
+    """The repeated runs: (legs, non-deterministic, the cells where they differ)."""
     if battery is not None:
-        k = len(battery["legs"])
         agreement = battery["agreement"]
-        cells = agreement.cells
-        nondet = not agreement.agree
-        if k >= 2:
-            legs = LegsRecord(count=k, agree=agreement.agree, tokens=battery["legs"],
-                              disagreements=agreement.disagreements)
+        legs = None
+        if len(battery["legs"]) >= 2:
+            legs = LegsRecord(count=len(battery["legs"]), agree=agreement.agree,
+                              tokens=battery["legs"], disagreements=agreement.disagreements)
         else:
             unrecorded["legs"] = "the battery holds a single run"
-    elif cap is not None and cap.legs is not None:
+        return legs, not agreement.agree, agreement.cells
+    if cap is not None and cap.legs is not None:
         unrecorded["legs"] = f"the source records legs={cap.legs}, legs_agree=" \
             f"{cap.legs_agree}, and no per-leg tokens"
-        nondet = (not cap.legs_agree) if cap.legs_agree is not None else None
+        return None, (not cap.legs_agree) if cap.legs_agree is not None else None, []
+    unrecorded["legs"] = "the source records no repeated runs"
+    return None, None, []
+
+
+def _build(name: str, path: Path, doc: tuple[dict[str, Any], OracleJson] | None,
+           battery: dict[str, Any] | None, files: dict[str, str]) -> Golden:
+    """One golden from oracle.json (``doc``), the battery files, or both (our own export)."""
+    if doc is not None:
+        half = _from_oracle_json(*doc)
+        if battery is not None:
+            _same_story(half.prompts, battery, path)
     else:
-        unrecorded["legs"] = "the source records no repeated runs"
+        assert battery is not None
+        half = _from_battery(battery)
+    cap = doc[1].capture if doc else None
+    unrecorded = half.unrecorded
+    table = battery["topk"] if battery else None
+    if table is None:
+        unrecorded["topk"] = "the source records no logprobs"
+    engine, batch = _engine_and_batch(cap, half.prompts, doc is not None, unrecorded)
+    legs, nondet, cells = _legs(battery, cap, unrecorded)
     for field, why in (("spec", "imported: there is no capture spec"),
                        ("environment", "the source records no environment"),
                        ("logprobs", "the source records no logprobs"),
                        ("run", "the source records no run of oracle-build")):
         unrecorded.setdefault(field, why)
-    gate = GateSpec(kind="distributional" if nondet else "strict")
-    source = ImportRecord(format=fmt, path=str(path.resolve()), files=files,
-                          imported_utc=utc_now(), tool=host.tool_facts(),
-                          source_fields=source_fields,
-                          candidate=battery["candidate"] if battery else None)
     if table is not None:
         unrecorded["logprobs"] = (f"the source's {TOPK_IDS} holds up to {table.width} entries "
                                   "per position (top-k plus the sampled token) and states no k")
-    golden = Golden(golden_schema=GOLDEN_SCHEMA, name=name, spec=None, oracle=oracle,
-                    model=model, engine=engine, environment=None, sampling=sampling,
-                    logprobs=None, batch=batch,
-                    legs=legs, nondeterministic=nondet, nondeterministic_cells=cells,
-                    gate=gate, prompts=prompts, run=None, source=source,
-                    unrecorded=unrecorded)
+    source = ImportRecord(format=half.fmt, path=str(path.resolve()), files=files,
+                          imported_utc=utc_now(), tool=host.tool_facts(),
+                          source_fields=half.source_fields,
+                          candidate=battery["candidate"] if battery else None)
+    golden = Golden(golden_schema=GOLDEN_SCHEMA, name=name, spec=None, oracle=half.oracle,
+                    model=half.model, engine=engine, environment=None, sampling=half.sampling,
+                    logprobs=None, batch=batch, legs=legs, nondeterministic=nondet,
+                    nondeterministic_cells=cells,
+                    gate=GateSpec(kind="distributional" if nondet else "strict"),
+                    prompts=half.prompts, run=None, source=source, unrecorded=unrecorded)
     golden._table = table
     return golden
 
