@@ -144,3 +144,18 @@ def test_nothing_outside_devices_branches_on_the_device() -> None:
             if DEVICE_BRANCH.search(line.split("#", 1)[0]):
                 offenders.append(f"{rel}:{number}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_the_plan_is_frozen(tmp_path: Path) -> None:
+    """A plan is what --dry-run printed: nothing patches it after it is built, and the
+    steps read what they need from it (the wheel step's removed switches, the listings)."""
+    import dataclasses
+
+    from oracle_build.build.plan import plan
+
+    p = plan(load_pin(REPO / "pins" / "cpu.toml"), "cpu", home=tmp_path,
+             wheelhouse_root=tmp_path / "wh")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.from_wheelhouse = True  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.steps[0].name = "other"  # type: ignore[misc]

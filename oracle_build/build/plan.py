@@ -32,9 +32,12 @@ if TYPE_CHECKING:
 # build take kernels from elsewhere or stamp a version it did not compute.
 WHEEL_UNSET = ("VLLM_USE_PRECOMPILED", "SETUPTOOLS_SCM_PRETEND_VERSION")
 UV_VERSION = "0.13.9"
+# the staging files the fetch step lists the wheels it downloads in
+DOWNLOAD_LIST = "download.txt"
+TORCH_DOWNLOAD_LIST = "download-torch.txt"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Step:
     name: str
     about: str
@@ -43,8 +46,11 @@ class Step:
     blocked_by: list[str] = field(default_factory=list)  # unestablished pin values it needs
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
+    """What a build will do, step by step, and with what: built once (``plan()``), printed
+    by --dry-run, then run as it stands; nothing patches it after."""
+
     pin: Pin
     target_name: str
     target: Target
@@ -59,6 +65,9 @@ class Plan:
     from_wheelhouse: bool
     checkout: Path | None = None  # a tree the plan read its facts from (--checkout)
     checkout_facts: CheckoutFacts | None = None
+    # what the wheel build removes from its environment (every precompiled switch the
+    # tree reads, as far as the plan knows it)
+    wheel_unset: tuple[str, ...] = ()
 
     @property
     def staging_venv(self) -> Path:
@@ -172,14 +181,14 @@ def fetch_commands(plan_files: Callable[[str], Path], wh: Wheelhouse, pin: Pin,
     """Where a wheel comes from does not matter, only its hash: first this host's pip
     configuration (PyPI, local mirrors, find-links); the pin's torch index only for torch,
     and only if torch is still missing (an unreachable index is retried per package)."""
-    cmds = [_download(plan_files("download.txt"), wh.incoming, index=None,
+    cmds = [_download(plan_files(DOWNLOAD_LIST), wh.incoming, index=None,
                       when="if locked wheels other than torch are missing from the wheelhouse "
                       "(they are listed in that file)"),
-            _download(plan_files("download-torch.txt"), wh.incoming, index=None,
+            _download(plan_files(TORCH_DOWNLOAD_LIST), wh.incoming, index=None,
                       when="if torch is missing from the wheelhouse")]
     torch = pin.torch_for(target)
     if torch is not None:
-        cmds.append(_download(plan_files("download-torch.txt"), wh.incoming,
+        cmds.append(_download(plan_files(TORCH_DOWNLOAD_LIST), wh.incoming,
                               index=torch.index, when="if torch is still missing after that"))
     return cmds
 
@@ -203,6 +212,8 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
     steps: list[Step] = []
     build_env: dict[str, str] = {}
     from_wheelhouse = False
+    facts: CheckoutFacts | None = None
+    wheel_unset: tuple[str, ...] = ()
     lock_install = _uv("pip", "install", "--python", py, "--offline", "--no-index",
                        "--find-links", str(wh.root), "--no-deps", "--require-hashes",
                        "-r", str(files("requirements.lock.txt")))
@@ -270,6 +281,8 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                                   act.externals, ext_cmds, blocked))
             build_env = wheel_build_env(pin, target, ext_env)
             rust_env, rust_unset = rust_switches(pin.model.build.rust_frontend)
+            wheel_unset = (*WHEEL_UNSET, *(s for s in switches if s not in WHEEL_UNSET),
+                           *rust_unset)
             if torch is not None:
                 steps.append(Step(
                     "torch", f"install the pinned torch from {torch.index}",
@@ -298,9 +311,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                 [Cmd([py, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                       "--no-cache-dir", "--verbose", "-w", str(wheel_dir),
                       str(staging / "src")], env={**build_env, **rust_env},
-                     unset=(*WHEEL_UNSET, *(s for s in switches if s not in WHEEL_UNSET),
-                            *rust_unset),
-                     what="pip wheel (vLLM build)")]))
+                     unset=wheel_unset, what="pip wheel (vLLM build)")]))
             steps.append(Step(
                 "check-wheel", "the wheel's version is the pin's distribution version; its "
                 "sha256 is recorded and the wheel kept in the wheelhouse"
@@ -328,8 +339,8 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                       "directory", act.identity_))
     steps.append(Step("publish", f"write the build record, keep the wheels, move the venv to "
                       f"{venv}, re-check identity there", act.publish))
-    result = Plan(pin, target_name, target, home, venv, staging, wh, mirror, externals_dir,
-                  steps, build_env, from_wheelhouse)
-    if isinstance(src, GitSource) and not from_wheelhouse and checkout is not None:
-        result.checkout, result.checkout_facts = checkout, facts
-    return result
+    read_now = isinstance(src, GitSource) and not from_wheelhouse and checkout is not None
+    return Plan(pin, target_name, target, home, venv, staging, wh, mirror, externals_dir,
+                steps, build_env, from_wheelhouse,
+                checkout=checkout if read_now else None,
+                checkout_facts=facts if read_now else None, wheel_unset=wheel_unset)

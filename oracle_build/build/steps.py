@@ -19,7 +19,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from oracle_build import devices, host, identity, manifest
 from oracle_build.build import checkout, record, source
-from oracle_build.build.plan import Plan, Step
+from oracle_build.build.plan import DOWNLOAD_LIST, TORCH_DOWNLOAD_LIST, Plan, Step
 from oracle_build.build.wheelhouse import Wheelhouse
 from oracle_build.contracts.pins import GitSource, LockEntry
 from oracle_build.contracts.record import (
@@ -122,12 +122,11 @@ def _missing(state: BuildState, entries: list[LockEntry]) -> list[LockEntry]:
     return [e for e in entries if wh.find(e) is None and wh.borrow(e) is None]
 
 
-def _download(state: BuildState, cmd: proc.Cmd, entries: list[LockEntry], *,
+def _download(state: BuildState, cmd: proc.Cmd, listing: Path, entries: list[LockEntry], *,
               check: bool) -> None:
-    """Run one planned download: its listing names ``entries``; what arrives is moved in
-    only if its bytes match the lock."""
+    """Run one planned download: ``listing`` (the file its command reads) names
+    ``entries``; what arrives is moved in only if its bytes match the lock."""
     p = state.plan
-    listing = Path(cmd.argv[cmd.argv.index("-r") + 1])
     listing.write_text("".join(e.requirement_line() + "\n" for e in entries))
     incoming = p.wheelhouse.incoming
     shutil.rmtree(incoming, ignore_errors=True)
@@ -171,11 +170,12 @@ def fetch(state: BuildState, step: Step) -> None:
     torch_entries = [e for e in missing if e.key == "torch"]
     rest = [e for e in missing if e.key != "torch"]
     if rest:
-        _download(state, rest_cmd, rest, check=True)
+        _download(state, rest_cmd, p.file(DOWNLOAD_LIST), rest, check=True)
     if torch_entries:
-        _download(state, torch_cmd, torch_entries, check=False)
+        torch_list = p.file(TORCH_DOWNLOAD_LIST)
+        _download(state, torch_cmd, torch_list, torch_entries, check=False)
         if torch_index_cmd and _missing(state, torch_entries):
-            _download(state, torch_index_cmd[0], torch_entries, check=True)
+            _download(state, torch_index_cmd[0], torch_list, torch_entries, check=True)
     still = _missing(state, entries)
     if still:
         raise BuildFailed("after download the wheelhouse still lacks: "
@@ -224,7 +224,7 @@ def source_(state: BuildState, step: Step) -> None:
                           + "\n  ".join(problems),
                           hint="`oracle-build externals --checkout DIR --externals MIRRORS` "
                           "prints the [[externals]] block this commit needs")
-    planned = set(next(c for s in p.steps if s.name == "wheel" for c in s.commands).unset)
+    planned = set(p.wheel_unset)
     unlisted = [s for s in tree.switches if s not in planned]
     if unlisted:  # dropped anyway (every VLLM_*PRECOMPILED* is), but the plan did not say
         say(f"    note: this tree also reads {', '.join(unlisted)}; removed from the build "
