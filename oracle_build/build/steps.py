@@ -21,7 +21,8 @@ from oracle_build import devices, host, identity, manifest
 from oracle_build.build import checkout, record, source
 from oracle_build.build.plan import DOWNLOAD_LIST, TORCH_DOWNLOAD_LIST, Plan, Step
 from oracle_build.build.wheelhouse import Wheelhouse
-from oracle_build.contracts.pins import GitSource, LockEntry
+from oracle_build.contracts.lock import LockEntry
+from oracle_build.contracts.pins import GitSource
 from oracle_build.contracts.record import (
     BuildFacts,
     CheckoutFacts,

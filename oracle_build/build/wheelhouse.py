@@ -16,7 +16,8 @@ from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from oracle_build.contracts.pins import LockEntry, Pin
+from oracle_build.contracts.lock import LockEntry
+from oracle_build.contracts.pins import Pin
 from oracle_build.core.errors import BadInput
 from oracle_build.core.files import atomic_write_json, load_json, sha256_file
 from oracle_build.core.layout import stamp

@@ -30,8 +30,8 @@ from oracle_build.contracts.base import (
     Strict,
     control_characters,
     dist_name,
-    exact_version,
 )
+from oracle_build.contracts.lock import LockEntry, parse_lock
 from oracle_build.core.errors import BadInput, Unestablished
 from oracle_build.core.files import load_toml, read_text, sha256_bytes, validate
 
@@ -301,54 +301,6 @@ class PinModel(Strict):
                 raise ValueError(f"externals {twice} are listed twice for a {device} build "
                                  "(give each its devices)")
         return self
-
-
-@dataclass(frozen=True)
-class LockEntry:
-    name: str
-    version: str
-    sha256: tuple[str, ...]
-
-    @property
-    def key(self) -> str:
-        return str(canonicalize_name(self.name))
-
-    def requirement_line(self) -> str:
-        hashes = " ".join(f"--hash=sha256:{h}" for h in self.sha256)
-        return f"{self.name}=={self.version} {hashes}"
-
-
-LOCK_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)((?:\s+--hash=sha256:[0-9a-f]{64})+)$")
-
-
-def parse_lock(path: Path) -> list[LockEntry]:
-    entries: list[LockEntry] = []
-    seen: set[str] = set()
-    for number, raw in enumerate(read_text(path).splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = LOCK_LINE.match(line)
-        if not m:
-            raise BadInput(
-                path,
-                [(f"line {number}", "expected 'name==version --hash=sha256:<64 hex>' "
-                  f"(found {line[:80]!r})")],
-            )
-        name, version, hashes = m.group(1), m.group(2), m.group(3)
-        try:
-            exact_version(version)
-        except ValueError as exc:
-            raise BadInput(path, [(f"line {number}", str(exc))]) from None
-        key = canonicalize_name(name)
-        if key in seen:
-            raise BadInput(path, [(f"line {number}", f"{name} is listed twice")])
-        seen.add(key)
-        digests = tuple(h.split(":", 1)[1] for h in hashes.split())
-        entries.append(LockEntry(name, version, digests))
-    if not entries:
-        raise BadInput(path, "lock file lists no packages")
-    return entries
 
 
 @dataclass(frozen=True)
