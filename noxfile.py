@@ -98,6 +98,24 @@ def identity(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def push(session: nox.Session) -> None:
+    """Push the built oracle to the oracle cache, signed (`-- --cache REF --signing-key F`)."""
+    _cli(session, "push")
+
+
+@nox.session(python=PYTHON)
+def pull(session: nox.Session) -> None:
+    """Pull a cached oracle's wheels into the wheelhouse, verified (`-- --cache REF`)."""
+    _cli(session, "pull")
+
+
+@nox.session(python=PYTHON)
+def keygen(session: nox.Session) -> None:
+    """Make an Ed25519 key pair for signing pushes (`-- NAME-1 --out DIR`)."""
+    _cli(session, "keygen")
+
+
+@nox.session(python=PYTHON)
 def capture(session: nox.Session) -> None:
     """Capture goldens (`-- goldens/NAME ... [--out DIR]`; none: the embedded default).
 

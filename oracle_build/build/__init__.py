@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,8 +45,11 @@ class BuildOutcome:
 def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                  mirror: str | None = None, externals_dir: Path | None = None,
                  checkout: Path | None = None, rebuild: bool = False,
-                 wait: bool = True) -> BuildOutcome:
-    """The pin's oracle for this target: re-checked if in place, else built and published."""
+                 wait: bool = True,
+                 fill_wheelhouse: Callable[[], None] | None = None) -> BuildOutcome:
+    """The pin's oracle for this target: re-checked if in place, else built and published.
+    ``fill_wheelhouse``: called under the build lock before a build is planned (the oracle
+    cache's pull), so the plan takes what it put there."""
     start = time.monotonic()
     oracle = OracleVenv(layout.oracle_path(home, pin.key))
     target = pin.target(target_name)
@@ -72,6 +76,8 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
                     hint="the oracle drifted; it is not replaced silently: "
                     "`build_oracle -- --rebuild` rebuilds it")
             return BuildOutcome(ident, False, time.monotonic() - start)
+        if fill_wheelhouse is not None:
+            fill_wheelhouse()
         p = plan(pin, target_name, home=home, wheelhouse_root=wheelhouse_root, mirror=mirror,
                  externals_dir=externals_dir, checkout=checkout)
         say(p.render())

@@ -14,13 +14,17 @@ from oracle_build.commands import (
     explain,
     externals,
     identity,
+    keygen,
     lock,
     numerics,
+    pull,
+    push,
     schema,
     verify,
     vllmcpp,
 )
 
 # in the order `--help` lists them
-COMMANDS: tuple[ModuleType, ...] = (build, identity, lock, externals, capture, verify, numerics,
-                                    diff, analyze, compare, vllmcpp, explain, schema)
+COMMANDS: tuple[ModuleType, ...] = (build, identity, push, pull, keygen, lock, externals,
+                                    capture, verify, numerics, diff, analyze, compare, vllmcpp,
+                                    explain, schema)

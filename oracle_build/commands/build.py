@@ -7,7 +7,9 @@ import argparse
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from oracle_build.commands.cacheopts import CACHE_HELP, add_cache_args, cache_options
 from oracle_build.commands.common import (
     EXIT_CODES_HELP,
     Subparsers,
@@ -19,6 +21,10 @@ from oracle_build.commands.common import (
 from oracle_build.core.errors import EXIT_OK
 from oracle_build.core.log import say
 
+if TYPE_CHECKING:
+    from oracle_build.cache import CacheOptions
+    from oracle_build.contracts.pins import Pin
+
 
 def register(sub: Subparsers) -> None:
     b = sub.add_parser(
@@ -27,7 +33,12 @@ def register(sub: Subparsers) -> None:
         description="Build the pin's oracle into an isolated venv for this host's target, in "
         "a staging folder, and move it into place only after its identity passes. With the "
         "venv already in place: re-check identity (seconds).",
-        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog="with --cache REF: the build first pulls this pin's oracle from the cache "
+        "(verified against the lock and a trusted key) and installs it offline; when the "
+        "cache lacks it (or it is refused, or the registry is unreachable: said why), it "
+        "builds as without, and after identity passes pushes it when a signing key is "
+        "given.\n\n" + CACHE_HELP + "\n\n" + EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pin_args(b)
     b.add_argument("--mirror", help="git source for vLLM instead of the pin's URL: a local "
                    "mirror/clone folder or a .bundle file (env ORACLE_BUILD_VLLM_MIRROR)")
@@ -42,6 +53,7 @@ def register(sub: Subparsers) -> None:
                    help="print every step, command and environment variable; run nothing")
     b.add_argument("--no-wait", action="store_true",
                    help="if another build of this pin holds the lock, fail instead of waiting")
+    add_cache_args(b, required=False)
     b.set_defaults(func=run_build)
 
 
@@ -62,12 +74,56 @@ def run_build(args: argparse.Namespace) -> int:
         else:
             print(p.render())
         return EXIT_OK
+    opts = cache_options(args, required=False)
+    fill = None
+    if opts is not None:
+        def fill() -> None:
+            pull_or_say(opts, pin, target, wheelhouse)
     outcome = build.build_oracle(pin, target, home=home, wheelhouse_root=wheelhouse,
                                  mirror=mirror, externals_dir=ext_dir,
                                  checkout=Path(args.checkout).resolve() if args.checkout else None,
                                  rebuild=args.rebuild,
-                                 wait=not args.no_wait)
+                                 wait=not args.no_wait, fill_wheelhouse=fill)
     print_identity(outcome.identity, args.json)
     if not outcome.built:
         say(f"identity re-checked in {outcome.seconds:.1f}s (nothing rebuilt)")
+    if opts is not None:
+        push_or_say(opts, pin, target, home, wheelhouse)
     return EXIT_OK
+
+
+def pull_or_say(opts: CacheOptions, pin: Pin, target: str, wheelhouse: Path) -> bool:
+    """Pull into the wheelhouse; a cache that lacks it, refuses it or cannot be reached is
+    said (why, and that the build goes on as without a cache), never fatal here."""
+    from oracle_build import cache
+    from oracle_build.core.errors import CacheRefused, NotCached, RegistryAuth, RegistryError
+
+    try:
+        cache.pull(opts, pin, target, wheelhouse_root=wheelhouse)
+    except NotCached:
+        say(f"cache: {opts.ref} holds no oracle for {pin.key} ({target}): building it")
+        return False
+    except CacheRefused as exc:
+        say(f"cache: REFUSED: {exc.message}\ncache: nothing of it was kept; building from the "
+            "pin instead")
+        return False
+    except (RegistryError, RegistryAuth) as exc:
+        say(f"cache: {exc.label}: {exc.message}\ncache: building without it")
+        return False
+    return True
+
+
+def push_or_say(opts: CacheOptions, pin: Pin, target: str, home: Path,
+                wheelhouse: Path) -> None:
+    """After identity passed: push when a signing key is given and the cache lacks it."""
+    from oracle_build import cache
+    from oracle_build.core.errors import OracleBuildError
+
+    if opts.signing_key is None:
+        say("cache: no signing key (--signing-key / ORACLE_BUILD_SIGNING_KEY): not pushing")
+        return
+    try:
+        cache.push(opts, pin, target, home=home, wheelhouse_root=wheelhouse)
+    except OracleBuildError as exc:  # the oracle is built and proven; the push is extra
+        say(f"cache: push failed ({exc.label}): {exc.message}; the oracle itself is fine "
+            "(`oracle-build push` retries)")

@@ -32,6 +32,11 @@ EXIT_CODES_HELP = """exit codes:
   12 the vLLM engine failed to start or to generate (log tail and path shown)
   13 the model's files are not the ones the spec or golden pins (sha256)
   14 an output could not be written (read-only folder, disk full, a path under a file)
+  15 the oracle cache's registry failed (unreachable, 5xx, connection reset) after retries
+  16 the registry refused the credentials (401/403), or none were found for it
+  17 the oracle cache holds no artifact for this pin and target
+  18 a cache artifact was refused: unsigned, untrusted key, bad signature, corrupted blob,
+     a wheel not in the lock, a missing layer, or another pin's or target's artifact
   70 internal error: a bug in oracle-build, never a verdict (traceback in the log named)
   130 interrupted
 """

@@ -24,6 +24,10 @@ EXIT_NOT_HERE = 11  # verify: golden's target is not this host (records still ch
 EXIT_ENGINE = 12  # the vLLM engine failed to start or to generate (log tail shown)
 EXIT_MODEL = 13  # the model's files are not the ones the spec or golden pins
 EXIT_OUTPUT = 14  # an output could not be written (read-only folder, disk full); nothing partial
+EXIT_REGISTRY = 15  # the oracle cache's registry failed (unreachable, 5xx, reset) after retries
+EXIT_REGISTRY_AUTH = 16  # the registry refused our credentials, or we have none it accepts
+EXIT_NOT_CACHED = 17  # the cache holds no artifact for this pin and target
+EXIT_CACHE_REFUSED = 18  # an artifact refused: unsigned, untrusted, tampered, another pin's
 EXIT_INTERNAL = 70  # an unforeseen error (a bug of ours): one line, the traceback in a log
 EXIT_INTERRUPTED = 130
 
@@ -129,3 +133,23 @@ class ModelMismatch(OracleBuildError):
 class OutputFailed(OracleBuildError):
     exit_code = EXIT_OUTPUT
     label = "cannot write output"
+
+
+class RegistryError(OracleBuildError):
+    exit_code = EXIT_REGISTRY
+    label = "registry"
+
+
+class RegistryAuth(OracleBuildError):
+    exit_code = EXIT_REGISTRY_AUTH
+    label = "registry auth"
+
+
+class NotCached(OracleBuildError):
+    exit_code = EXIT_NOT_CACHED
+    label = "not in the cache"
+
+
+class CacheRefused(OracleBuildError):
+    exit_code = EXIT_CACHE_REFUSED
+    label = "cache artifact refused"

@@ -1,0 +1,465 @@
+"""A small OCI distribution client (the part of the spec an oracle cache needs): blobs by
+digest (exists, upload, streamed download verified while it streams), manifests by tag or
+digest, the referrers API where the registry has one. Standard library only.
+
+Memory stays bounded whatever the blob size: bodies are streamed in 1 MiB chunks, both
+ways; documents (manifests, configs, envelopes) are refused above MAX_DOCUMENT_BYTES.
+
+Auth: anonymous first; on 401 the registry's challenge decides: HTTP basic (htpasswd
+registries) or a bearer token from its token service (the registry token flow, with basic
+credentials to the token service when there are any). Credentials come from the
+environment (ORACLE_BUILD_CACHE_USERNAME / _PASSWORD, or ORACLE_BUILD_CACHE_TOKEN) or the
+Docker config file (``$DOCKER_CONFIG/config.json``, else ``~/.docker/config.json``, its
+``auths``); they are never sent over plain HTTP to a host that is not loopback.
+
+Errors: 401/403 -> RegistryAuth, a missing manifest -> NotCached (the caller decides), 5xx,
+429 and broken connections are retried (every request here is safe to repeat: uploads are
+content-addressed) and then RegistryError.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import json
+import os
+import re
+import socket
+import ssl
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from oracle_build.cache.ref import CacheRef
+from oracle_build.contracts.cache import DIGEST, MAX_DOCUMENT_BYTES, OCI_INDEX, OCI_MANIFEST
+from oracle_build.core.errors import CacheRefused, NotCached, RegistryAuth, RegistryError
+
+CHUNK = 1 << 20
+RETRIES = 4
+TIMEOUT = 60.0
+RETRY_STATUS = {429, 500, 502, 503, 504}
+BROKEN = (ConnectionError, http.client.HTTPException, socket.timeout, TimeoutError, OSError)
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str | None = None
+    password: str | None = None
+    token: str | None = None  # a bearer token given directly
+    source: str = "none"
+
+    @property
+    def basic(self) -> str | None:
+        if self.username is None or self.password is None:
+            return None
+        return "Basic " + _b64(f"{self.username}:{self.password}")
+
+
+def credentials_for(ref: CacheRef, env: dict[str, str] | None = None) -> Credentials:
+    """The environment's credentials first, then the Docker config file's for this host."""
+    env = dict(os.environ) if env is None else env
+    if env.get("ORACLE_BUILD_CACHE_TOKEN"):
+        return Credentials(token=env["ORACLE_BUILD_CACHE_TOKEN"],
+                           source="ORACLE_BUILD_CACHE_TOKEN")
+    user, password = env.get("ORACLE_BUILD_CACHE_USERNAME"), env.get("ORACLE_BUILD_CACHE_PASSWORD")
+    if user and password is not None:
+        return Credentials(user, password, source="ORACLE_BUILD_CACHE_USERNAME/_PASSWORD")
+    config = Path(env["DOCKER_CONFIG"]) / "config.json" if env.get("DOCKER_CONFIG") else \
+        Path(env.get("HOME", str(Path.home()))) / ".docker" / "config.json"
+    try:
+        data = json.loads(config.read_text()) if config.is_file() else {}
+    except (OSError, ValueError):
+        return Credentials(source=f"{config} (unreadable: ignored)")
+    auths = data.get("auths") if isinstance(data, dict) else None
+    if not isinstance(auths, dict):
+        return Credentials()
+    for key in (ref.netloc, f"https://{ref.netloc}", f"http://{ref.netloc}",
+                f"{ref.host}:{ref.port}"):
+        entry = auths.get(key)
+        if isinstance(entry, dict) and isinstance(entry.get("auth"), str):
+            try:
+                user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
+            except (ValueError, UnicodeDecodeError):
+                continue
+            if entry.get("identitytoken"):
+                return Credentials(token=str(entry["identitytoken"]), source=str(config))
+            return Credentials(user, password, source=f"{config} ({key})")
+    return Credentials()
+
+
+CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: http.client.HTTPResponse | None  # open for streaming; None once read
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name.lower())
+
+
+@dataclass
+class Registry:
+    """One repository of one registry, with the auth it has negotiated so far."""
+
+    ref: CacheRef
+    credentials: Credentials = field(default_factory=Credentials)
+    push: bool = False  # ask the token service for push as well as pull
+    sleep: Callable[[float], None] = time.sleep
+    _auth: str | None = None
+    _conn: http.client.HTTPConnection | None = None
+
+    # ------------------------------------------------------------------ transport
+
+    def _may_send_credentials(self) -> bool:
+        return self.ref.scheme == "https" or self.ref.loopback
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            if self.ref.scheme == "https":
+                self._conn = http.client.HTTPSConnection(
+                    self.ref.host.strip("[]"), self.ref.port, timeout=TIMEOUT,
+                    context=ssl.create_default_context(), blocksize=CHUNK)
+            else:
+                self._conn = http.client.HTTPConnection(
+                    self.ref.host.strip("[]"), self.ref.port, timeout=TIMEOUT, blocksize=CHUNK)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(self, method: str, path: str, headers: dict[str, str],
+              body: bytes | IO[bytes] | None) -> Response:
+        conn = self._connection()
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            raw = conn.getresponse()
+        except BaseException:
+            self.close()
+            raise
+        return Response(raw.status, {k.lower(): v for k, v in raw.getheaders()}, raw)
+
+    def request(self, method: str, path: str, *, headers: dict[str, str] | None = None,
+                body: bytes | Callable[[], IO[bytes]] | None = None,
+                ok: tuple[int, ...] = (200,), what: str = "") -> Response:
+        """One request, retried on a broken connection or a retryable status, authenticated
+        on a 401 challenge. ``body``: bytes, or a callable opening a fresh stream (a retry
+        sends it again from the start). The response body is left open for streaming."""
+        what = what or f"{method} {path}"
+        delay = 0.5
+        authenticated = False
+        attempt = 0
+        while True:
+            attempt += 1
+            sent = dict(headers or {})
+            if self._auth:
+                sent["Authorization"] = self._auth
+            stream = body() if callable(body) else body
+            try:
+                resp = self._send(method, path, sent, stream)
+            except BROKEN as exc:
+                if attempt >= RETRIES:
+                    raise RegistryError(f"{self.ref}: {what}: {type(exc).__name__}: {exc} "
+                                        f"(after {attempt} attempts)",
+                                        hint="is the registry up and reachable from here?"
+                                        ) from None
+                self.sleep(delay)
+                delay *= 2
+                continue
+            finally:
+                if callable(body) and stream is not None and hasattr(stream, "close"):
+                    stream.close()
+            if resp.status == 401 and not authenticated:
+                self.drain(resp)
+                self._authenticate(resp.header("www-authenticate") or "", what)
+                authenticated = True
+                continue
+            if resp.status in ok:
+                return resp
+            text = self.drain(resp, keep=2000)
+            if resp.status in (401, 403):
+                source = self.credentials.source
+                creds = "no credentials found" if source == "none" else \
+                    f"credentials from {source}"
+                raise RegistryAuth(
+                    f"{self.ref}: {what}: HTTP {resp.status} ({creds}): {text[:200]}",
+                    hint="set ORACLE_BUILD_CACHE_USERNAME and ORACLE_BUILD_CACHE_PASSWORD (or "
+                    "ORACLE_BUILD_CACHE_TOKEN), or `docker login` the registry")
+            if resp.status in RETRY_STATUS and attempt < RETRIES:
+                self.sleep(delay)
+                delay *= 2
+                continue
+            if resp.status == 404:
+                raise NotCached(f"{self.ref}: {what}: not found (HTTP 404)")
+            raise RegistryError(f"{self.ref}: {what}: HTTP {resp.status}: {text[:300]}"
+                                + (f" (after {attempt} attempts)" if attempt > 1 else ""))
+
+    @staticmethod
+    def drain(resp: Response, keep: int = 0) -> str:
+        """Read and close the body; return up to ``keep`` bytes of it as text."""
+        if resp.body is None:
+            return ""
+        kept = b""
+        try:
+            while chunk := resp.body.read(CHUNK):
+                if len(kept) < keep:
+                    kept += chunk[: keep - len(kept)]
+        except BROKEN:
+            pass
+        resp.body = None
+        return kept.decode(errors="replace")
+
+    def _authenticate(self, challenge: str, what: str) -> None:
+        scheme, _, params_text = challenge.partition(" ")
+        params = dict(CHALLENGE.findall(params_text))
+        creds = self.credentials
+        if not self._may_send_credentials() and (creds.basic or creds.token):
+            raise RegistryAuth(f"{self.ref}: {what}: the registry asks for credentials over "
+                               f"plain HTTP to {self.ref.host}, which is not loopback: not "
+                               "sent", hint="use oci:// (HTTPS) for a remote registry")
+        if scheme.lower() == "basic":
+            if creds.basic is None:
+                raise RegistryAuth(f"{self.ref}: {what}: the registry asks for a user and "
+                                   "password (HTTP basic) and none were found",
+                                   hint="set ORACLE_BUILD_CACHE_USERNAME and "
+                                   "ORACLE_BUILD_CACHE_PASSWORD, or `docker login` it")
+            self._auth = creds.basic
+            return
+        if scheme.lower() != "bearer" or "realm" not in params:
+            raise RegistryAuth(f"{self.ref}: {what}: an auth challenge this client does not "
+                               f"speak: {challenge[:200]!r}")
+        if creds.token and not creds.username:
+            self._auth = f"Bearer {creds.token}"
+            return
+        self._auth = "Bearer " + self._token(params, what)
+
+    def _token(self, params: dict[str, str], what: str) -> str:
+        realm = urllib.parse.urlsplit(params["realm"])
+        if realm.scheme not in ("https", "http"):
+            raise RegistryAuth(f"{self.ref}: token service {params['realm']!r} is not HTTP(S)")
+        scope = params.get("scope") or (f"repository:{self.ref.repository}:"
+                                        + ("pull,push" if self.push else "pull"))
+        query = urllib.parse.urlencode({k: v for k, v in (("service", params.get("service")),
+                                                          ("scope", scope)) if v})
+        host = realm.hostname or ""
+        port = realm.port or (443 if realm.scheme == "https" else 80)
+        conn_cls = http.client.HTTPSConnection if realm.scheme == "https" else \
+            http.client.HTTPConnection
+        conn = conn_cls(host, port, timeout=TIMEOUT)
+        headers = {}
+        loopback = CacheRef(realm.scheme, host, port, "x").loopback
+        if self.credentials.basic and (realm.scheme == "https" or loopback):
+            headers["Authorization"] = self.credentials.basic
+        try:
+            conn.request("GET", f"{realm.path or '/'}?{query}", headers=headers)
+            resp = conn.getresponse()
+            data = resp.read(MAX_DOCUMENT_BYTES + 1)
+        except BROKEN as exc:
+            raise RegistryError(f"token service {params['realm']}: {exc}") from None
+        finally:
+            conn.close()
+        if resp.status in (401, 403):
+            raise RegistryAuth(f"{self.ref}: {what}: the token service refused "
+                               f"({resp.status}; credentials from {self.credentials.source})")
+        if resp.status != 200:
+            raise RegistryError(f"token service {params['realm']}: HTTP {resp.status}")
+        try:
+            answer = json.loads(data)
+            token = answer.get("token") or answer.get("access_token")
+        except (ValueError, AttributeError):
+            token = None
+        if not isinstance(token, str) or not token:
+            raise RegistryAuth(f"token service {params['realm']} answered without a token")
+        return token
+
+    # ------------------------------------------------------------------ API
+
+    def _path(self, kind: str, ref: str) -> str:
+        return f"/v2/{self.ref.repository}/{kind}/{ref}"
+
+    def ping(self) -> None:
+        """GET /v2/: the registry answers (authenticating if it asks)."""
+        self.drain(self.request("GET", "/v2/", what="GET /v2/"))
+
+    def has_blob(self, digest: str) -> bool:
+        try:
+            resp = self.request("HEAD", self._path("blobs", digest), what=f"HEAD blob {digest}")
+        except NotCached:
+            return False
+        self.drain(resp)
+        return True
+
+    def upload_blob(self, digest: str, size: int, opener: Callable[[], IO[bytes]]) -> None:
+        """A monolithic upload (POST, then PUT with the digest), the body streamed."""
+        resp = self.request("POST", f"/v2/{self.ref.repository}/blobs/uploads/", ok=(202,),
+                            headers={"Content-Length": "0"}, what=f"start upload {digest}")
+        self.drain(resp)
+        location = resp.header("location")
+        if not location:
+            raise RegistryError(f"{self.ref}: the upload of {digest} got no Location")
+        split = urllib.parse.urlsplit(location)
+        if split.netloc and split.netloc != self.ref.netloc:
+            raise RegistryError(f"{self.ref}: the upload of {digest} is redirected to another "
+                                f"host ({split.netloc}): not followed")
+        query = urllib.parse.parse_qsl(split.query, keep_blank_values=True)
+        query.append(("digest", digest))
+        path = f"{split.path}?{urllib.parse.urlencode(query)}"
+        self.drain(self.request("PUT", path, body=opener, ok=(201,), what=f"upload {digest}",
+                                headers={"Content-Type": "application/octet-stream",
+                                         "Content-Length": str(size)}))
+
+    def push_blob_bytes(self, data: bytes) -> tuple[str, int]:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        if not self.has_blob(digest):
+            import io
+
+            self.upload_blob(digest, len(data), lambda: io.BytesIO(data))
+        return digest, len(data)
+
+    def stream_blob(self, digest: str, size: int) -> Iterator[bytes]:
+        """The blob's bytes, chunk by chunk, checked against ``digest`` and ``size`` as they
+        stream: more bytes than ``size`` stop at once; a wrong digest raises after the last
+        chunk, before the caller may keep anything (CacheRefused)."""
+        if not DIGEST.match(digest):
+            raise CacheRefused(f"{digest!r} is not a sha256 digest")
+        resp = self._follow(self.request("GET", self._path("blobs", digest),
+                                         ok=(200, 307, 302, 301, 303, 308),
+                                         what=f"GET blob {digest}"), digest)
+        assert resp.body is not None
+        hasher = hashlib.sha256()
+        seen = 0
+        try:
+            while chunk := resp.body.read(CHUNK):
+                seen += len(chunk)
+                if seen > size:
+                    raise CacheRefused(f"{self.ref}: blob {digest} is longer than the "
+                                       f"{size} bytes its descriptor says")
+                hasher.update(chunk)
+                yield chunk
+        except BROKEN as exc:
+            raise RegistryError(f"{self.ref}: GET blob {digest}: {type(exc).__name__}: {exc} "
+                                f"after {seen} of {size} bytes") from None
+        finally:
+            resp.body = None
+        if seen != size:
+            raise CacheRefused(f"{self.ref}: blob {digest}: {seen} bytes, its descriptor says "
+                               f"{size}")
+        got = "sha256:" + hasher.hexdigest()
+        if got != digest:
+            raise CacheRefused(f"{self.ref}: blob {digest} arrived with sha256 {got}: the "
+                               "registry served other bytes under that digest",
+                               hint="the registry's storage is damaged or tampered with; "
+                               "nothing from it was kept")
+
+    def _follow(self, resp: Response, digest: str) -> Response:
+        """A blob served from elsewhere (a storage backend): followed once, without our
+        Authorization header when the host differs."""
+        if resp.status == 200:
+            return resp
+        location = resp.header("location") or ""
+        self.drain(resp)
+        split = urllib.parse.urlsplit(location)
+        if split.scheme not in ("http", "https"):
+            raise RegistryError(f"{self.ref}: blob {digest} redirected to {location!r}")
+        if split.scheme == "http" and self.ref.scheme == "https":
+            raise RegistryError(f"{self.ref}: blob {digest} redirected from HTTPS to plain "
+                                f"HTTP ({split.netloc}): not followed")
+        conn_cls = http.client.HTTPSConnection if split.scheme == "https" else \
+            http.client.HTTPConnection
+        conn = conn_cls(split.hostname or "", split.port or (443 if split.scheme == "https"
+                                                             else 80), timeout=TIMEOUT)
+        headers = {}
+        if split.netloc == self.ref.netloc and self._auth:
+            headers["Authorization"] = self._auth
+        try:
+            conn.request("GET", split.path + (f"?{split.query}" if split.query else ""),
+                         headers=headers)
+            raw = conn.getresponse()
+        except BROKEN as exc:
+            conn.close()
+            raise RegistryError(f"{self.ref}: blob {digest} at {split.netloc}: {exc}") from None
+        if raw.status != 200:
+            conn.close()
+            raise RegistryError(f"{self.ref}: blob {digest} at {split.netloc}: HTTP {raw.status}")
+        return Response(200, {k.lower(): v for k, v in raw.getheaders()}, raw)
+
+    def blob_bytes(self, digest: str, size: int) -> bytes:
+        """A small blob (a config, an envelope) in memory, verified."""
+        if size > MAX_DOCUMENT_BYTES:
+            raise CacheRefused(f"{self.ref}: blob {digest} is {size} bytes; a document is at "
+                               f"most {MAX_DOCUMENT_BYTES}")
+        return b"".join(self.stream_blob(digest, size))
+
+    def get_manifest(self, reference: str, *, accept: str = OCI_MANIFEST) -> tuple[bytes, str]:
+        """A manifest's bytes and digest (computed here: the header is only checked)."""
+        resp = self.request("GET", self._path("manifests", reference),
+                            headers={"Accept": accept}, what=f"GET manifest {reference}")
+        assert resp.body is not None
+        data = resp.body.read(MAX_DOCUMENT_BYTES + 1)
+        self.drain(resp)
+        if len(data) > MAX_DOCUMENT_BYTES:
+            raise CacheRefused(f"{self.ref}: manifest {reference} is larger than "
+                               f"{MAX_DOCUMENT_BYTES} bytes")
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        if reference.startswith("sha256:") and reference != digest:
+            raise CacheRefused(f"{self.ref}: manifest {reference} arrived with digest {digest}")
+        stated = resp.header("docker-content-digest")
+        if stated and reference.startswith("sha256:") and stated != digest:
+            raise CacheRefused(f"{self.ref}: manifest {reference}: the registry says {stated}")
+        return data, digest
+
+    def has_manifest(self, reference: str) -> str | None:
+        """The digest the registry gives for a tag, or None when it has no such tag."""
+        try:
+            resp = self.request("HEAD", self._path("manifests", reference),
+                                headers={"Accept": OCI_MANIFEST},
+                                what=f"HEAD manifest {reference}")
+        except NotCached:
+            return None
+        self.drain(resp)
+        return resp.header("docker-content-digest") or ""
+
+    def put_manifest(self, reference: str, data: bytes) -> str:
+        resp = self.request("PUT", self._path("manifests", reference), body=data, ok=(201,),
+                            headers={"Content-Type": OCI_MANIFEST,
+                                     "Content-Length": str(len(data))},
+                            what=f"PUT manifest {reference}")
+        self.drain(resp)
+        return "sha256:" + hashlib.sha256(data).hexdigest()
+
+    def referrers(self, digest: str) -> list[dict[str, Any]] | None:
+        """The referrers API's manifests for ``digest``; None when the registry lacks it."""
+        try:
+            resp = self.request("GET", f"/v2/{self.ref.repository}/referrers/{digest}",
+                                headers={"Accept": OCI_INDEX}, what=f"GET referrers {digest}")
+        except NotCached:
+            return None
+        assert resp.body is not None
+        data = resp.body.read(MAX_DOCUMENT_BYTES + 1)
+        self.drain(resp)
+        if (resp.header("content-type") or "").split(";")[0] != OCI_INDEX:
+            return None
+        try:
+            index = json.loads(data)
+        except ValueError:
+            return None
+        manifests = index.get("manifests") if isinstance(index, dict) else None
+        return manifests if isinstance(manifests, list) else None

@@ -1,0 +1,599 @@
+"""The oracle cache in a real OCI registry (Debian's docker-registry, distribution 2.8, on
+127.0.0.1): references, keys and signatures, the client against the registry (auth,
+retries, streamed verification), then end to end on the real CPU oracle: push, recovery
+into a fresh home from nothing but the repository and the registry, and every tamper case
+refused with its own exit code before anything is kept."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from oracle_build import cache
+from oracle_build.cache import CacheOptions
+from oracle_build.cache.ref import CacheRef, attestation_tag, parse, tag_for
+from oracle_build.cache.registry import Credentials, Registry, credentials_for
+from oracle_build.cache.signing import generate, load_signing_key, load_trusted, verify
+from oracle_build.cli import main
+from oracle_build.contracts.pins import load_pin
+from oracle_build.contracts.record import load_record
+from oracle_build.core.errors import (
+    EXIT_CACHE_REFUSED,
+    EXIT_NOT_CACHED,
+    EXIT_REGISTRY,
+    EXIT_REGISTRY_AUTH,
+    BadInput,
+    CacheRefused,
+    RegistryAuth,
+    RegistryError,
+)
+from tests import registry as regmod
+from tests.conftest import CPU_PIN, REPO, BuiltOracle
+
+# ----------------------------------------------------------------------------- references
+
+
+def test_references() -> None:
+    ref = parse("oci+http://127.0.0.1:5000/team/oracles")
+    assert (ref.scheme, ref.host, ref.port, ref.repository, ref.loopback) == (
+        "http", "127.0.0.1", 5000, "team/oracles", True)
+    assert str(ref) == "oci+http://127.0.0.1:5000/team/oracles"
+    assert parse("oci://ghcr.io/team/oracles").port == 443
+    assert parse("oci+http://localhost:5000/a/b").loopback
+    assert parse("oci+http://[::1]:5000/a/b").loopback
+    for bad, why in (("https://ghcr.io/a/b", "not an oci://"),
+                     ("oci://ghcr.io/Team/oracles", "not a registry repository name"),
+                     ("oci://ghcr.io/", "not a registry repository name"),
+                     ("oci://gh cr.io/a/b", "not a host"),
+                     ("oci://ghcr.io:99999/a/b", "out of range"),
+                     ("oci+http://10.1.2.3:5000/a/b", "not a loopback host")):
+        with pytest.raises(BadInput, match=re.escape(why)):
+            parse(bad)
+    assert parse("oci+http://10.1.2.3:5000/a/b", allow_insecure=True).scheme == "http"
+    assert tag_for("ab" * 32, "cpu") == "pin-abababababababab.cpu"
+    with pytest.raises(BadInput, match="valid OCI tag"):
+        tag_for("ab" * 32, "x" * 130)
+    assert attestation_tag("sha256:" + "0" * 64) == "sha256-" + "0" * 64 + ".att"
+
+
+def test_credentials_from_environment_and_docker_config(tmp_path: Path) -> None:
+    ref = parse("oci+http://127.0.0.1:5000/a/b")
+    assert credentials_for(ref, {"HOME": str(tmp_path)}).basic is None
+    env = {"ORACLE_BUILD_CACHE_USERNAME": "u", "ORACLE_BUILD_CACHE_PASSWORD": "p"}
+    assert credentials_for(ref, env).basic == "Basic " + base64.b64encode(b"u:p").decode()
+    assert credentials_for(ref, {"ORACLE_BUILD_CACHE_TOKEN": "t"}).token == "t"
+    docker = tmp_path / ".docker"
+    docker.mkdir()
+    (docker / "config.json").write_text(json.dumps({"auths": {"127.0.0.1:5000": {
+        "auth": base64.b64encode(b"alice:secret").decode()}}}))
+    creds = credentials_for(ref, {"HOME": str(tmp_path)})
+    assert (creds.username, creds.password) == ("alice", "secret")
+    assert "config.json" in creds.source
+
+
+def test_credentials_never_cross_plain_http_to_a_remote_host() -> None:
+    """A registry on another host over plain HTTP asks for credentials: none are sent, and
+    the refusal says why (the host is never contacted here: the challenge is given)."""
+    ref = parse("oci+http://10.1.2.3:5000/a/b", allow_insecure=True)
+    reg = Registry(ref, Credentials("u", "p", source="test"))
+    with pytest.raises(RegistryAuth,
+                       match=re.escape("plain HTTP to 10.1.2.3, which is not loopback")):
+        reg._authenticate('Basic realm="r"', "GET /v2/")
+    assert reg._auth is None
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+def test_keys_sign_and_verify(tmp_path: Path) -> None:
+    secret, public, key = generate("builder-1", tmp_path)
+    assert secret.stat().st_mode & 0o777 == 0o600
+    assert load_signing_key(secret).public_line == key.public_line == public.read_text().strip()
+    with pytest.raises(Exception, match="never overwritten"):
+        generate("builder-1", tmp_path)
+    with pytest.raises(BadInput, match="ends in -<number>"):
+        generate("builder", tmp_path)
+    trusted_file = tmp_path / "trusted-keys"
+    trusted_file.write_text(f"# the GB10 builder\n{key.public_line}\n")
+    trusted = load_trusted(trusted_file)
+    envelope = key.sign(b'{"hello": 1}')
+    assert verify(envelope, trusted, trusted_file=trusted_file) == ("builder-1", b'{"hello": 1}')
+    # the payload changed under the same signature
+    altered = envelope.model_copy(update={"payload": base64.b64encode(b'{"hello": 2}').decode()})
+    with pytest.raises(CacheRefused, match="does not verify"):
+        verify(altered, trusted, trusted_file=trusted_file)
+    _s, _p, other = generate("stranger-1", tmp_path)
+    with pytest.raises(CacheRefused, match=r"signed by stranger-1, which .* does not trust"):
+        verify(other.sign(b"{}"), trusted, trusted_file=trusted_file)
+    secret.chmod(0o644)
+    with pytest.raises(BadInput, match="chmod 600"):
+        load_signing_key(secret)
+    for text, field in ((f"{key.public_line}\n{key.public_line}\n", "listed twice"),
+                        ("builder-1:not base64!\n", "not base64"),
+                        ("builder-1:" + base64.b64encode(b"short").decode(), "5 bytes"),
+                        ("no-number:AAAA\n", "name-N:base64")):
+        trusted_file.write_text(text)
+        with pytest.raises(BadInput, match=re.escape(field)):
+            load_trusted(trusted_file)
+
+
+# ----------------------------------------------------------------------------- client
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[regmod.Server]:
+    srv = regmod.start(tmp_path_factory.mktemp("registry"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[regmod.Server]:
+    srv = regmod.start(tmp_path_factory.mktemp("auth-registry"), auth=("ci", "s3cret"))
+    yield srv
+    srv.stop()
+
+
+def test_blobs_round_trip_and_are_verified_as_they_stream(server: regmod.Server) -> None:
+    with Registry(parse(server.ref("t/blobs"))) as reg:
+        _round_trip(reg, server)
+
+
+def _round_trip(reg: Registry, server: regmod.Server) -> None:
+    data = os.urandom(3 << 20)  # three chunks and more
+    digest, size = reg.push_blob_bytes(data)
+    assert reg.has_blob(digest) and not reg.has_blob("sha256:" + "0" * 64)
+    assert b"".join(reg.stream_blob(digest, size)) == data
+    with pytest.raises(CacheRefused, match="its descriptor says"):
+        b"".join(reg.stream_blob(digest, size + 1))
+    with pytest.raises(CacheRefused, match="longer than"):
+        b"".join(reg.stream_blob(digest, size - 1))
+    # the registry's own storage edited: the same digest now serves other bytes
+    stored = server.blob_file(digest)
+    original = stored.read_bytes()
+    stored.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
+    try:
+        with Registry(parse(server.ref("t/blobs"))) as fresh, \
+                pytest.raises(CacheRefused, match="served other bytes"):
+            b"".join(fresh.stream_blob(digest, size))
+    finally:
+        stored.write_bytes(original)
+
+
+def test_basic_auth_against_an_htpasswd_registry(auth_server: regmod.Server,
+                                                 tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    ref = parse(auth_server.ref())
+    with Registry(ref) as anonymous, pytest.raises(RegistryAuth, match="none were found"):
+        anonymous.ping()
+    with Registry(ref, Credentials("ci", "wrong", source="test")) as wrong, \
+            pytest.raises(RegistryAuth, match="HTTP 401"):
+        wrong.ping()
+    with Registry(ref, Credentials("ci", "s3cret", source="test")) as good:
+        good.ping()
+        digest, size = good.push_blob_bytes(b"x" * 1000)
+        assert b"".join(good.stream_blob(digest, size)) == b"x" * 1000
+    # the CLI: 401 without credentials is its own exit code, before anything is pulled
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("ORACLE_BUILD_CACHE_USERNAME", "ORACLE_BUILD_CACHE_PASSWORD",
+                 "ORACLE_BUILD_CACHE_TOKEN", "DOCKER_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    code = main(["pull", "--cache", auth_server.ref(), "--pin", str(CPU_PIN),
+                 "--home", str(tmp_path / "home")])
+    assert code == EXIT_REGISTRY_AUTH, capsys.readouterr().err
+    assert not (tmp_path / "home").exists() or not any((tmp_path / "home").rglob("*.whl"))
+    monkeypatch.setenv("ORACLE_BUILD_CACHE_USERNAME", "ci")
+    monkeypatch.setenv("ORACLE_BUILD_CACHE_PASSWORD", "s3cret")
+    assert main(["pull", "--cache", auth_server.ref(), "--pin", str(CPU_PIN),
+                 "--home", str(tmp_path / "home")]) == EXIT_NOT_CACHED
+
+
+class Flaky(http.server.BaseHTTPRequestHandler):
+    """Answers 503 ``fail`` times, then 200; or resets every connection."""
+
+    fail = 0
+    reset = False
+    seen = 0
+
+    def do_GET(self) -> None:
+        type(self).seen += 1
+        if type(self).reset:
+            self.connection.shutdown(2)
+            return
+        if type(self).seen <= type(self).fail:
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def flaky() -> Iterator[tuple[type[Flaky], CacheRef]]:
+    handler = type("Handler", (Flaky,), {"fail": 0, "reset": False, "seen": 0})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield handler, parse(f"oci+http://127.0.0.1:{httpd.server_address[1]}/a/b")
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_retries_then_clear_errors(flaky: tuple[type[Flaky], CacheRef]) -> None:
+    handler, ref = flaky
+    waits: list[float] = []
+    handler.fail = 2
+    with Registry(ref, sleep=waits.append) as reg:
+        reg.ping()  # two 503s, then the answer
+    assert handler.seen == 3 and waits == [0.5, 1.0]
+    handler.seen, handler.fail = 0, 99
+    with Registry(ref, sleep=waits.append) as reg, \
+            pytest.raises(RegistryError, match=r"HTTP 503.*after 4 attempts") as info:
+        reg.ping()
+    assert info.value.exit_code == EXIT_REGISTRY
+    handler.seen, handler.reset = 0, True
+    with Registry(ref, sleep=waits.append) as reg, \
+            pytest.raises(RegistryError, match="after 4 attempts"):
+        reg.ping()
+    assert handler.seen == 4
+
+
+# ----------------------------------------------------------------------------- end to end
+
+slow = pytest.mark.slow
+
+
+@dataclass
+class Pushed:
+    server: regmod.Server
+    oracle: BuiltOracle
+    ref: str
+    tag: str
+    digest: str
+    key_file: Path
+    trusted: Path
+    other_key_file: Path
+    first: cache.PushResult
+
+
+@pytest.fixture(scope="module")
+def pushed(cpu_oracle: BuiltOracle, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[Pushed]:
+    """The real CPU oracle pushed once, signed, to a real registry of its own."""
+    folder = tmp_path_factory.mktemp("cache")
+    srv = regmod.start(folder / "registry")
+    secret, _public, key = generate("ci-builder-1", folder / "keys")
+    other, _p, _k = generate("stranger-1", folder / "keys")
+    trusted = folder / "trusted-keys"
+    trusted.write_text(f"# the CI builder\n{key.public_line}\n")
+    opts = CacheOptions(parse(srv.ref()), signing_key=key, trusted_keys=trusted)
+    first = cache.push(opts, cpu_oracle.pin, "cpu", home=cpu_oracle.home,
+                       wheelhouse_root=cpu_oracle.wheelhouse)
+    yield Pushed(srv, cpu_oracle, srv.ref(), first.tag, first.digest, secret, trusted, other,
+                 first)
+    srv.stop()
+
+
+def _pull_args(p: Pushed, home: Path, *extra: str) -> list[str]:
+    return ["pull", "--cache", p.ref, "--pin", str(CPU_PIN), "--trusted-keys", str(p.trusted),
+            "--home", str(home), *extra]
+
+
+def _registry(p: Pushed) -> Registry:
+    return Registry(parse(p.ref))
+
+
+def _manifest(p: Pushed) -> dict[str, object]:
+    data, digest = _registry(p).get_manifest(p.tag)
+    assert digest == p.digest
+    return dict(json.loads(data))
+
+
+def _publish(p: Pushed, manifest: dict[str, object], *, tag: str, key_file: Path | None,
+             statement_edit: dict[str, object] | None = None) -> str:
+    """Write a (tampered) manifest under ``tag``, signed like a push would sign it."""
+    reg = _registry(p)
+    data = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+    digest = reg.put_manifest("sha256:" + hashlib.sha256(data).hexdigest(), data)
+    if key_file is not None:
+        record = load_record(p.oracle.venv / "oracle-build" / "build-record.json")
+        stmt = cache.statement(p.oracle.pin, "cpu", record, digest, tag, parse(p.ref), None)
+        for k, v in (statement_edit or {}).items():
+            stmt["predicate"]["buildDefinition"]["externalParameters"][k] = v  # type: ignore[index]
+        cache.attest(reg, load_signing_key(key_file), stmt, digest, len(data))
+    reg.put_manifest(tag, data)
+    return digest
+
+
+@slow
+def test_push_is_complete_signed_and_not_uploaded_twice(pushed: Pushed) -> None:
+    first = pushed.first
+    assert first.signed_by == "ci-builder-1" and not first.already
+    lock = pushed.oracle.pin.require_lock()
+    assert first.uploaded + first.present == len(lock)
+    manifest = _manifest(pushed)
+    layers = manifest["layers"]
+    assert isinstance(layers, list) and len(layers) == len(lock)
+    locked = {h for e in lock for h in e.sha256}
+    assert all(layer["digest"].removeprefix("sha256:") in locked for layer in layers)
+    assert manifest["artifactType"] == "application/vnd.oracle-build.oracle.v1"
+    annotations = manifest["annotations"]
+    assert isinstance(annotations, dict)
+    assert annotations["dev.oracle-build.pin.hash"] == pushed.oracle.pin.content_hash
+    assert annotations["org.opencontainers.image.version"] == "0.32.0"
+    # the signature beside it (distribution 2.8 has no referrers API: the fallback tag)
+    assert _registry(pushed).referrers(pushed.digest) is None
+    att, _ = _registry(pushed).get_manifest(attestation_tag(pushed.digest))
+    assert json.loads(att)["subject"]["digest"] == pushed.digest
+    # again: the tag exists, nothing is uploaded or overwritten
+    opts = CacheOptions(parse(pushed.ref), signing_key=load_signing_key(pushed.key_file))
+    again = cache.push(opts, pushed.oracle.pin, "cpu", home=pushed.oracle.home,
+                       wheelhouse_root=pushed.oracle.wheelhouse)
+    assert again.already and again.uploaded == 0 and again.digest == pushed.digest
+    # asked to replace: every blob is already there, so seconds and no re-upload
+    replaced = cache.push(CacheOptions(parse(pushed.ref), signing_key=opts.signing_key,
+                                       replace=True), pushed.oracle.pin, "cpu",
+                          home=pushed.oracle.home, wheelhouse_root=pushed.oracle.wheelhouse)
+    assert replaced.uploaded == 0 and replaced.present == len(lock)
+    assert replaced.digest != pushed.digest  # a new manifest (created time), same blobs
+    _publish(pushed, manifest, tag=pushed.tag, key_file=None)  # the original back in place
+    assert _registry(pushed).get_manifest(pushed.tag)[1] == pushed.digest
+
+
+@slow
+def test_recovery_into_a_fresh_home_from_the_registry(pushed: Pushed, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reimaged host: a fresh home, no wheelhouse, an empty uv cache; one command."""
+    home = tmp_path / "home"
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg"), "HOME": str(tmp_path)}
+    env.pop("ORACLE_BUILD_TEST_WHEELHOUSE", None)
+    for name in ("ORACLE_BUILD_WHEELHOUSE", "ORACLE_BUILD_HOME", "UV_CACHE_DIR"):
+        env.pop(name, None)
+    build = subprocess.run(
+        [sys.executable, "-m", "oracle_build", "build", "--cache", pushed.ref,
+         "--trusted-keys", str(pushed.trusted), "--home", str(home)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    assert build.returncode == 0, build.stderr[-3000:]
+    assert build.stdout.strip().endswith("ORACLE_IDENTITY_OK")
+    assert "provenance signed by ci-builder-1" in build.stderr
+    assert "all 148 wheels present in the wheelhouse" in build.stderr  # nothing downloaded
+    assert not (tmp_path / "xdg" / "pip").exists()
+    record = json.loads((home / "oracles" / pushed.oracle.pin.key / "oracle-build" /
+                         "build-record.json").read_text())
+    built = json.loads((pushed.oracle.venv / "oracle-build" / "build-record.json").read_text())
+    assert record["content_fingerprint"] == built["content_fingerprint"]
+    assert {w["origin"] for w in json.loads((home / "wheelhouse" / pushed.oracle.pin.key /
+                                             "manifest.json").read_text())["wheels"].values()
+            } == {"cache"}
+    # the kernel battery on the recovered oracle
+    numerics = subprocess.run(["nox", "-s", "numerics", "--", "--home", str(home)], cwd=REPO,
+                              env={**env, "HOME": os.environ.get("HOME", "/root")},
+                              capture_output=True, text=True, timeout=1800)
+    assert numerics.returncode == 0, numerics.stdout[-3000:] + numerics.stderr[-3000:]
+    assert re.search(r"^ORACLE_NUMERICS_(OK|CAPTURED)", numerics.stdout, re.M)
+
+
+def _refused(p: Pushed, tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str,
+             pin: Path = CPU_PIN) -> str:
+    args = _pull_args(p, tmp_path / "home", *extra)
+    args[args.index("--pin") + 1] = str(pin)
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == EXIT_CACHE_REFUSED, err
+    wheelhouse = tmp_path / "home" / "wheelhouse"
+    assert not wheelhouse.exists() or not list(wheelhouse.rglob("*.whl")), "kept something"
+    return err
+
+
+@slow
+def test_tampered_artifacts_are_refused(pushed: Pushed, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Each refused before a wheel is kept, naming what is wrong; the original stays."""
+    original = _manifest(pushed)
+    layers = list(original["layers"])  # type: ignore[call-overload]
+    try:
+        # a wheel the lock does not name (its blob really is in the registry)
+        evil_digest, evil_size = _registry(pushed).push_blob_bytes(b"PK evil wheel")
+        extra = {**original, "layers": [*layers, {
+            "mediaType": "application/vnd.oracle-build.wheel.v1", "digest": evil_digest,
+            "size": evil_size, "annotations": {
+                "org.opencontainers.image.title": "evil-1.0-py3-none-any.whl",
+                "dev.oracle-build.wheel.origin": "lock"}}]}
+        _publish(pushed, extra, tag=pushed.tag, key_file=pushed.key_file)
+        assert "evil-1.0-py3-none-any.whl: not a wheel of the lock" in _refused(
+            pushed, tmp_path / "a", capsys)
+        # a layer missing
+        dropped = layers[0]["annotations"]["org.opencontainers.image.title"]
+        _publish(pushed, {**original, "layers": layers[1:]}, tag=pushed.tag,
+                 key_file=pushed.key_file)
+        name = dropped.split("-")[0]
+        assert re.search(rf"{re.escape(name)}.*the lock's wheel has no layer",
+                         _refused(pushed, tmp_path / "b", capsys).replace("_", "-"),
+                         re.I | re.S)
+        # a wheel swapped for another blob under the right name
+        swapped = dict(layers[0], digest=evil_digest, size=evil_size)
+        _publish(pushed, {**original, "layers": [swapped, *layers[1:]]}, tag=pushed.tag,
+                 key_file=pushed.key_file)
+        assert "is not the lock's" in _refused(pushed, tmp_path / "c", capsys)
+        # signed by a key nobody trusts
+        _publish(pushed, original, tag=pushed.tag, key_file=pushed.other_key_file)
+        assert "signed by stranger-1, which" in _refused(pushed, tmp_path / "d", capsys)
+        # a valid signature on an altered statement (its payload replaced, signature kept)
+        digest = _publish(pushed, original, tag=pushed.tag, key_file=pushed.key_file)
+        reg = _registry(pushed)
+        att = json.loads(reg.get_manifest(attestation_tag(digest))[0])
+        env_desc = att["layers"][0]
+        envelope = json.loads(reg.blob_bytes(env_desc["digest"], env_desc["size"]))
+        stmt = json.loads(base64.b64decode(envelope["payload"]))
+        stmt["predicate"]["runDetails"]["builder"]["id"] = "someone-else"
+        envelope["payload"] = base64.b64encode(json.dumps(stmt).encode()).decode()
+        new_digest, new_size = reg.push_blob_bytes(json.dumps(envelope).encode())
+        att["layers"][0] = {**env_desc, "digest": new_digest, "size": new_size}
+        reg.put_manifest(attestation_tag(digest), json.dumps(att).encode())
+        assert "does not verify" in _refused(pushed, tmp_path / "e", capsys)
+        # unsigned: refused, unless asked
+        unsigned = {**original, "annotations": {**original["annotations"],  # type: ignore[dict-item]
+                                                "note": "unsigned"}}
+        _publish(pushed, unsigned, tag=pushed.tag, key_file=None)
+        assert "is unsigned" in _refused(pushed, tmp_path / "f", capsys)
+    finally:
+        _publish(pushed, original, tag=pushed.tag, key_file=None)
+    assert _registry(pushed).get_manifest(pushed.tag)[1] == pushed.digest
+
+
+@slow
+def test_a_replayed_artifact_of_another_pin_or_target_is_refused(
+        pushed: Pushed, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CPU artifact, signature and all, copied under the tag of a pin that differs only
+    in a target's description: signed for another pin hash, refused."""
+    pins = tmp_path / "pins"
+    pins.mkdir()
+    (pins / "cpu.lock.txt").write_text((REPO / "pins" / "cpu.lock.txt").read_text())
+    text = CPU_PIN.read_text()
+    other = text.replace('description = "any x86_64 Linux host, no GPU"',
+                         'description = "another host"')
+    assert other != text
+    (pins / "cpu.toml").write_text(other)
+    twin = load_pin(pins / "cpu.toml")
+    assert twin.content_hash != pushed.oracle.pin.content_hash
+    data, _ = _registry(pushed).get_manifest(pushed.tag)
+    _registry(pushed).put_manifest(tag_for(twin.content_hash, "cpu"), data)
+    err = _refused(pushed, tmp_path, capsys, pin=pins / "cpu.toml")
+    assert "another artifact replayed under this tag" in err
+    # the same under another target of the same pin: signed for target cpu
+    stmt_target = tmp_path / "t"
+    _publish(pushed, json.loads(data), tag=pushed.tag, key_file=pushed.key_file,
+             statement_edit={"target": "cpu-avx512"})
+    assert "target cpu-avx512, not cpu" in _refused(pushed, stmt_target, capsys)
+    _publish(pushed, json.loads(data), tag=pushed.tag, key_file=None)
+
+
+@slow
+def test_a_blob_corrupted_on_the_registrys_disk(pushed: Pushed, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The registry serves other bytes under the right digest: the pull stops at that blob,
+    keeps nothing of it, and the wheels before it are verified ones."""
+    layers = list(_manifest(pushed)["layers"])  # type: ignore[call-overload]
+    victim = min(layers, key=lambda layer: layer["size"])
+    stored = pushed.server.blob_file(victim["digest"])
+    original = stored.read_bytes()
+    stored.write_bytes(bytes([original[0] ^ 0xFF]) + original[1:])
+    try:
+        err = _refused_after_download(pushed, tmp_path, capsys)
+    finally:
+        stored.write_bytes(original)
+    assert f"blob {victim['digest']} arrived with sha256" in err
+    assert "served other bytes under that digest" in err
+
+
+def _refused_after_download(p: Pushed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                            ) -> str:
+    code = main(_pull_args(p, tmp_path / "home"))
+    err = capsys.readouterr().err
+    assert code == EXIT_CACHE_REFUSED, err
+    wh = tmp_path / "home" / "wheelhouse" / p.oracle.pin.key
+    listed = json.loads((wh / "manifest.json").read_text())["wheels"] if (
+        wh / "manifest.json").exists() else {}
+    for name, info in listed.items():  # whatever was kept is whole and verified
+        assert hashlib.sha256((wh / name).read_bytes()).hexdigest() == info["sha256"]
+    assert not list(wh.rglob("*.part"))
+    assert {f.name for f in wh.glob("*.whl")} == set(listed)
+    return err
+
+
+def _kill_when(args: list[str], pattern: str, env: dict[str, str]) -> tuple[str, bool]:
+    """Run ``args``; SIGKILL it as soon as its stderr shows ``pattern`` (alive then)."""
+    proc = subprocess.Popen(args, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True,
+                            stdout=subprocess.DEVNULL)
+    assert proc.stderr is not None
+    seen = []
+    landed = False
+    for line in proc.stderr:
+        seen.append(line)
+        if re.search(pattern, line):
+            landed = proc.poll() is None
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    return "".join(seen), landed
+
+
+@slow
+def test_killed_push_and_pull_leave_nothing_to_take(pushed: Pushed, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORACLE_BUILD_CACHE")}
+    # a pull killed mid-stream: no partial wheel in the wheelhouse, and the next pull takes
+    # what is missing
+    home = tmp_path / "pull-home"
+    out, landed = _kill_when([sys.executable, "-m", "oracle_build", *_pull_args(pushed, home)],
+                             r"\[20/\d+\]", env)
+    assert landed, out
+    wh = home / "wheelhouse" / pushed.oracle.pin.key
+    listed = json.loads((wh / "manifest.json").read_text())["wheels"]
+    assert 0 < len(listed) < 148
+    assert {f.name for f in wh.glob("*.whl")} == set(listed)
+    for name, info in listed.items():
+        assert hashlib.sha256((wh / name).read_bytes()).hexdigest() == info["sha256"]
+    assert main(_pull_args(pushed, home)) == 0
+    assert "already in the wheelhouse" in capsys.readouterr().err
+    assert not list(wh.rglob("*.part"))
+    # a push killed mid-upload (into an empty repository): the tag was never written
+    key = str(pushed.key_file)
+    fresh = pushed.server.ref("team/fresh")
+    out, landed = _kill_when(
+        [sys.executable, "-m", "oracle_build", "push", "--cache", fresh, "--signing-key", key,
+         "--pin", str(CPU_PIN), "--home", str(pushed.oracle.home),
+         "--wheelhouse", str(pushed.oracle.wheelhouse)], r"\[\d+/\d+\] .*MiB uploaded", env)
+    assert landed, out
+    code = main(["pull", "--cache", fresh, "--pin", str(CPU_PIN), "--trusted-keys",
+                 str(pushed.trusted), "--home", str(tmp_path / "after-push")])
+    assert code == EXIT_NOT_CACHED, capsys.readouterr().err
+
+
+@slow
+def test_concurrent_pushes_leave_one_consistent_artifact(pushed: Pushed, tmp_path: Path) -> None:
+    """Two pushes of the same pin to an empty repository at once: one tag, one manifest
+    whose every blob is there and whose signature verifies; a pull takes it."""
+    ref = pushed.server.ref("team/race")
+    opts = CacheOptions(parse(ref), signing_key=load_signing_key(pushed.key_file),
+                        trusted_keys=pushed.trusted)
+    results: list[object] = []
+
+    def one() -> None:
+        try:
+            results.append(cache.push(opts, pushed.oracle.pin, "cpu", home=pushed.oracle.home,
+                                      wheelhouse_root=pushed.oracle.wheelhouse))
+        except Exception as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(isinstance(r, cache.PushResult) for r in results), results
+    tagged = Registry(parse(ref)).get_manifest(tag_for(pushed.oracle.pin.content_hash, "cpu"))
+    assert tagged[1] in {r.digest for r in results if isinstance(r, cache.PushResult)}
+    pulled = cache.pull(opts, pushed.oracle.pin, "cpu", wheelhouse_root=tmp_path / "wh")
+    assert pulled.digest == tagged[1] and pulled.signed_by == "ci-builder-1"
+    assert pulled.fetched == 148
