@@ -56,7 +56,13 @@ from oracle_build.contracts.lock import LockEntry
 from oracle_build.contracts.pins import GitSource, Pin
 from oracle_build.contracts.record import BuildRecord, NumericsRecord, load_record
 from oracle_build.core import layout
-from oracle_build.core.errors import CacheRefused, NotCached, OracleMissing, Refused
+from oracle_build.core.errors import (
+    CacheRefused,
+    NotCached,
+    OracleMissing,
+    Refused,
+    RegistryError,
+)
 from oracle_build.core.files import read_text, sha256_file
 from oracle_build.core.log import fmt_seconds, say
 
@@ -214,6 +220,26 @@ def statement(pin: Pin, target_name: str, record: BuildRecord, manifest_digest: 
     }
 
 
+def _put_manifest_complete(reg: Registry, data: bytes, blobs: list[_Blob]) -> str:
+    """PUT the manifest by digest. A registry that lost a blob meanwhile answers
+    MANIFEST_BLOB_UNKNOWN (seen with two hosts uploading one blob at once: distribution
+    replaces the first upload's link while committing the second): upload what is missing
+    again and retry, a few times."""
+    digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
+    for attempt in range(1, 4):
+        try:
+            return reg.put_manifest(digest, data)
+        except RegistryError as exc:
+            if "MANIFEST_BLOB_UNKNOWN" not in exc.message or attempt == 3:
+                raise
+        missing = [b for b in blobs if not reg.has_blob(f"sha256:{b.sha256}")]
+        say(f"    the registry lost {len(missing)} blob(s) meanwhile; uploading them again")
+        for blob in missing:
+            reg.upload_blob(f"sha256:{blob.sha256}", blob.size, blob.opener)
+        time.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")
+
+
 def attest(reg: Registry, key: SigningKey, stmt: dict[str, Any], digest: str,
            size: int) -> str:
     """Sign ``stmt`` and store it beside the manifest ``digest`` (its subject), under the
@@ -311,7 +337,7 @@ def push(opts: CacheOptions, pin: Pin, target_name: str, *, home: Path,
             "annotations": annotations,
         }
         data = _dumps(manifest)
-        digest = reg.put_manifest(f"sha256:{hashlib.sha256(data).hexdigest()}", data)
+        digest = _put_manifest_complete(reg, data, blobs)
         signed_by = None
         if opts.signing_key is not None:
             stmt = statement(pin, target_name, record, digest, tag, opts.ref,

@@ -146,6 +146,9 @@ class Registry:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __del__(self) -> None:  # a registry dropped without close() closes its socket
+        self.close()
+
     def _send(self, method: str, path: str, headers: dict[str, str],
               body: bytes | IO[bytes] | None) -> Response:
         conn = self._connection()
@@ -340,9 +343,13 @@ class Registry:
         chunk, before the caller may keep anything (CacheRefused)."""
         if not DIGEST.match(digest):
             raise CacheRefused(f"{digest!r} is not a sha256 digest")
-        resp = self._follow(self.request("GET", self._path("blobs", digest),
-                                         ok=(200, 307, 302, 301, 303, 308),
-                                         what=f"GET blob {digest}"), digest)
+        try:
+            first = self.request("GET", self._path("blobs", digest),
+                                 ok=(200, 307, 302, 301, 303, 308), what=f"GET blob {digest}")
+        except NotCached:
+            raise CacheRefused(f"{self.ref}: blob {digest} is listed but the registry does "
+                               "not have it: an incomplete artifact") from None
+        resp = self._follow(first, digest)
         assert resp.body is not None
         hasher = hashlib.sha256()
         seen = 0
