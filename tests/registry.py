@@ -50,7 +50,11 @@ class Server:
                 self.proc.wait()
 
 
-def start(folder: Path, *, auth: tuple[str, str] | None = None) -> Server:
+def start(folder: Path, *, auth: tuple[str, str] | None = None,
+          token: dict[str, str] | None = None) -> Server:
+    """``auth``: htpasswd with this user; ``token``: the registry token flow, trusting
+    ``token["bundle"]`` (a PEM certificate) for tokens of ``token["issuer"]`` issued at
+    ``token["realm"]`` for ``token["service"]``."""
     if not Path(REGISTRY).is_file():
         raise RuntimeError("docker-registry is not installed (apt-get install docker-registry "
                            "apache2-utils; .ci/run does)")
@@ -66,6 +70,10 @@ def start(folder: Path, *, auth: tuple[str, str] | None = None) -> Server:
                        capture_output=True)
         lines += ["auth:", "  htpasswd:", "    realm: oracle-build-tests",
                   f"    path: {htpasswd}"]
+    if token is not None:
+        lines += ["auth:", "  token:", f"    realm: {token['realm']}",
+                  f"    service: {token['service']}", f"    issuer: {token['issuer']}",
+                  f"    rootcertbundle: {token['bundle']}"]
     config = folder / "config.yml"
     config.write_text("\n".join(lines) + "\n")
     with open(folder / "registry.log", "wb") as log:  # the child keeps its own descriptor

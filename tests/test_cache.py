@@ -16,9 +16,11 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -598,3 +600,105 @@ def test_concurrent_pushes_leave_one_consistent_artifact(pushed: Pushed, tmp_pat
     pulled = cache.pull(opts, pushed.oracle.pin, "cpu", wheelhouse_root=tmp_path / "wh")
     assert pulled.digest == tagged[1] and pulled.signed_by == "ci-builder-1"
     assert pulled.fetched == 148
+
+
+# ----------------------------------------------------------------------------- token flow
+
+
+class TokenService(http.server.BaseHTTPRequestHandler):
+    """A registry token service (the Docker token flow): basic credentials in, a JWT out,
+    signed ES256 with the certificate the registry trusts, granting what the scope asks."""
+
+    key: object = None
+    cert_der: bytes = b""
+    asked: ClassVar[list[dict[str, str]]] = []
+
+    def do_GET(self) -> None:
+        import urllib.parse
+
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+
+        query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
+        type(self).asked.append({**query, "authorization": self.headers.get("Authorization",
+                                                                            "")})
+        if self.headers.get("Authorization") != "Basic " + base64.b64encode(
+                b"ci:s3cret").decode():
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        _kind, name, actions = query["scope"].split(":")
+
+        def b64(data: bytes) -> str:
+            return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+        now = int(time.time())
+        header = {"typ": "JWT", "alg": "ES256", "x5c": [base64.b64encode(type(self).cert_der)
+                                                          .decode()]}
+        claims = {"iss": "test-issuer", "sub": "ci", "aud": query["service"], "exp": now + 300,
+                  "nbf": now - 10, "iat": now, "jti": str(now),
+                  "access": [{"type": "repository", "name": name,
+                              "actions": actions.split(",")}]}
+        signing_input = f"{b64(json.dumps(header).encode())}.{b64(json.dumps(claims).encode())}"
+        der = type(self).key.sign(signing_input.encode(), ec.ECDSA(hashes.SHA256()))  # type: ignore[attr-defined]
+        r, s = decode_dss_signature(der)
+        token = f"{signing_input}.{b64(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
+        body = json.dumps({"token": token}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_bearer_tokens_from_the_registrys_token_service(tmp_path: Path) -> None:
+    """distribution configured for token auth: the client follows the challenge to the
+    token service with its basic credentials, asks the repository's scope, and sends the
+    token; without credentials the token service refuses, exit 16."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test-issuer")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(1)
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256()))
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    handler = type("Tokens", (TokenService,), {"key": key, "asked": [],
+                                               "cert_der": cert.public_bytes(
+                                                   serialization.Encoding.DER)})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    srv = regmod.start(tmp_path / "registry", token={
+        "realm": f"http://127.0.0.1:{httpd.server_address[1]}/token",
+        "service": "oracle-registry", "issuer": "test-issuer", "bundle": str(bundle)})
+    try:
+        ref = parse(srv.ref("team/tokens"))
+        with Registry(ref, Credentials("ci", "s3cret", source="test"), push=True) as reg:
+            digest, size = reg.push_blob_bytes(b"through a bearer token")
+            assert b"".join(reg.stream_blob(digest, size)) == b"through a bearer token"
+            assert reg._auth is not None and reg._auth.startswith("Bearer ")
+        scopes = {a["scope"] for a in handler.asked}
+        assert "repository:team/tokens:pull,push" in scopes
+        assert all(a["service"] == "oracle-registry" for a in handler.asked)
+        with Registry(ref) as anonymous, pytest.raises(RegistryAuth, match="token service "
+                                                       "refused") as info:
+            anonymous.has_blob(digest)
+        assert info.value.exit_code == EXIT_REGISTRY_AUTH
+    finally:
+        srv.stop()
+        httpd.shutdown()
+        httpd.server_close()
