@@ -110,14 +110,18 @@ class EngineSession:
     home: Path
 
     def run(self, runs: list[dict[str, Any]], *, what: str, name: str,
-            audit_weights: bool = False) -> EngineResult:
+            audit_weights: bool = False, pieces: set[int] | None = None) -> EngineResult:
         """Start the engine, run ``runs``, stop. A driver that fails returns a result whose
         ``ok`` is false (``require()`` raises EngineFailed with the log's tail).
-        ``audit_weights``: the result says which checkpoint tensors vLLM's loader skipped."""
+        ``audit_weights``: the result says which checkpoint tensors vLLM's loader skipped.
+        ``pieces``: decode these ids and every id the runs produce with the model's own
+        tokenizer (the result's ``pieces``), for a report to show text."""
         memory_preflight(self.oracle.target)
         request = {"model": str(self.model_path), "engine_args": self.args, "runs": runs,
                    "record_env_prefixes": list(RECORDED_PREFIXES),
                    "audit_weights": audit_weights}
+        if pieces is not None:
+            request.update(pieces=True, piece_ids=sorted(pieces))
         # One engine at a time per oracle home: two engines can exhaust a host's memory
         # (GB10's unified memory included). Another capture/verify/explain waits here.
         with held(layout.engine_lock(self.home), what="a vLLM engine"):

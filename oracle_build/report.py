@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from oracle_build.contracts.reports import VerifyReport
+from oracle_build.contracts.reports import GoldenVerdict, VerifyReport
 from oracle_build.core.files import atomic_write_bytes
 from oracle_build.core.log import say
 
@@ -26,6 +26,29 @@ def _m(value: float | None) -> str:
 
 def _nats(value: float | None) -> str:
     return "outside top-k" if value is None else f"{value:.4f} nats"
+
+
+def verdict_words(v: GoldenVerdict) -> dict[str, str]:
+    """The terminal's words for a golden's verdict, one per column: identity, then
+    configuration, then tokens, then the gate (the HTML page shows the same)."""
+    words = {"identity": "-", "configuration": "-", "tokens": "-", "gate": "-"}
+    if v.status == "not_verifiable_here":
+        words["identity"] = "NOT VERIFIABLE HERE"
+        return words
+    if v.status == "config_unrecorded":
+        words["configuration"] = UNRECORDED_BANNER
+    else:
+        words["identity"] = "OK" if not v.identity else "ORACLE DIFFERS" if v.tokens \
+            else "ORACLE MISMATCH"
+        if v.tokens or v.configuration:
+            words["configuration"] = "same" if not v.configuration else \
+                "CONFIGURATION DIFFERENCE"
+    if v.tokens:
+        words["tokens"] = v.summary or "-"
+    if v.gate:
+        words["gate"] = f"{v.gate.kind}: " + {True: "PASS", False: "FAIL",
+                                             None: "not judged"}[v.gate.passed]
+    return words
 
 
 def render(report: VerifyReport) -> str:

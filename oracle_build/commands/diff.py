@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from oracle_build import devices, engine, host, judge
+from oracle_build import devices, engine, host, judge, pages
 from oracle_build.commands.common import (
     EXIT_CODES_HELP,
     Subparsers,
@@ -66,7 +66,10 @@ def verdict_of(results: list[judge.TokenResult]) -> str:
 
 
 def diff(pin_a: Pin, pin_b: Pin, paths: list[Path], *, home: Path,
-         target: str | None = None) -> tuple[DiffReport, Path]:
+         target: str | None = None,
+         page: pages.PageData | None = None) -> tuple[DiffReport, Path]:
+    """``page``: filled with what an HTML report shows (A as the reference, B the
+    candidate)."""
     oracles = Oracles(home)
     a = oracles.get(pin_a, devices.choose_target(pin_a, host.host(), target))
     b = oracles.get(pin_b, devices.choose_target(pin_b, host.host(), target))
@@ -86,7 +89,8 @@ def diff(pin_a: Pin, pin_b: Pin, paths: list[Path], *, home: Path,
             model = recorded_model(rec, path, home, oracle)
             args = engine_args(dict(rec.engine.requested), oracle.target)
             result = engine.EngineSession(oracle, model, args, home).run(
-                [request], what="diff", name=f"{golden.name}-{label}")
+                [request], what="diff", name=f"{golden.name}-{label}",
+                pieces=set() if page is not None else None)
             if not result.ok:  # what moved can be that one oracle no longer runs it
                 say(f"    engine failed on {label}: {result.error} (log: {result.log})")
                 break
@@ -111,6 +115,14 @@ def diff(pin_a: Pin, pin_b: Pin, paths: list[Path], *, home: Path,
             _recorded_as(rec, ra, run_a),
             {"engine": rb.engine_record(), "environment": rb.environment,
              "sampling": run_b["sampling"], "calls": rec.batch["calls"]})
+        if page is not None:
+            page.prompts[str(path)] = [
+                pages.prompt(p.id, p.text, x["prompt_token_ids"], x["token_ids"], x["topk"],
+                             y["token_ids"], y["topk"], r.as_dict())
+                for p, x, y, r in zip(golden.prompts, run_a["legs"][0], run_b["legs"][0],
+                                      results, strict=True)]
+            page.pieces.update(ra.result.pieces or {})
+            page.pieces.update(rb.result.pieces or {})
         out.append(GoldenDiff(name=golden.name, path=str(path), verdict=verdict_of(results),
                               tokens=[r.as_dict() for r in results],
                               logprobs_identical=difference is None,
@@ -186,6 +198,10 @@ def register(sub: Subparsers) -> None:
     df.add_argument("pin_b", metavar="PIN_B", help="the pin compared with it")
     df.add_argument("goldens", nargs="*", help="golden folders or golden.json files")
     df.add_argument("--target", help="pin target (default: detected)")
+    df.add_argument("--html", metavar="FILE",
+                    help="also write one self-contained HTML page: per golden the settings "
+                    "the two engines resolved differently, then per prompt A's tokens shaded "
+                    "by A's top-2 margin, the first divergence and both continuations")
     add_home_args(df, json_help="print the record (diff.schema.json) instead of the text")
     df.set_defaults(func=run_diff)
 
@@ -194,7 +210,44 @@ def run_diff(args: argparse.Namespace) -> int:
     from oracle_build.contracts.pins import load_pin
 
     home, _ = homes(args)
+    page = pages.PageData() if args.html else None
     report, record = diff(load_pin(Path(args.pin_a)), load_pin(Path(args.pin_b)),
-                          [Path(p) for p in args.goldens], home=home, target=args.target)
+                          [Path(p) for p in args.goldens], home=home, target=args.target,
+                          page=page)
     print(report.model_dump_json(indent=2) if args.json else render(report, record))
+    if page is not None:
+        write_page(report, page, Path(args.html))
     return EXIT_OK
+
+
+def write_page(report: DiffReport, data: pages.PageData, path: Path) -> None:
+    from oracle_build import html
+    from oracle_build.contracts.page import PAGE_SCHEMA, Page, PageGolden
+
+    goldens = []
+    for g in report.goldens:
+        prompts = data.prompts.get(g.path, [])
+        band = load_golden(Path(g.path)).gate.band_nats if prompts else None
+        words = {"identity": "A and B each their pin's", "configuration":
+                 "same" if not g.configuration else f"{len(g.configuration)} settings differ",
+                 "tokens": g.summary or g.verdict, "gate": "a diff is a report, not a gate"}
+        status = {"same": "same", "moved": "moved"}.get(g.verdict, "near" if "near" in
+                                                        g.verdict else "drift")
+        goldens.append(PageGolden(
+            name=g.name, path=g.path, status=status, words=words, why=g.why or g.verdict,
+            configuration=[d for d in g.configuration if d.cls != "context"],
+            context=[d for d in g.configuration if d.cls == "context"], summary=g.summary,
+            band_nats=band, logprobs_identical=g.logprobs_identical, prompts=prompts))
+    a, b = report.a, report.b
+    page = Page(page_schema=PAGE_SCHEMA, kind="diff",
+                title=f"oracle-build diff: {a.pin_key} vs {b.pin_key}",
+                created_utc=report.created_utc,
+                oracle={"A": f"{a.pin_key} (vLLM {a.vllm}, torch {a.torch}, target "
+                             f"{a.target})",
+                        "B": f"{b.pin_key} (vLLM {b.vllm}, torch {b.torch}, target "
+                             f"{b.target})",
+                        "packages that differ": str(len(report.packages))},
+                reference_label=f"A {a.pin_key}", candidate_label=f"B {b.pin_key}",
+                goldens=goldens, pieces=data.pieces)
+    html.write(page, path)
+    say(f"HTML report: {path}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oracle_build import devices, engine, goldens, host, judge
+from oracle_build import devices, engine, goldens, host, judge, pages
 from oracle_build.commands.common import (
     DEFAULT_SPEC,
     EXIT_CODES_HELP,
@@ -53,7 +53,7 @@ from oracle_build.core.layout import captures_dir, utc_now
 from oracle_build.core.log import say
 from oracle_build.models import recorded_model
 from oracle_build.oracles import Oracle, Oracles, opened
-from oracle_build.report import UNRECORDED_BANNER, ci_reports, render
+from oracle_build.report import UNRECORDED_BANNER, ci_reports, render, verdict_words
 from oracle_build.runs import by_engine, engine_args, run_from_golden
 
 IDENTITY_FIELDS = ("vllm", "torch", "transformers", "flashinfer", "device")
@@ -210,10 +210,13 @@ def discover(paths: list[Path]) -> list[Path]:
 
 
 def verify(paths: list[Path], *, home: Path, oracles: Oracles | None = None,
-           pin_override: Pin | None = None, cross_target: bool = False) -> VerifyReport:
-    """``pin_override``: run every golden on this pin's oracle instead of the golden's own
-    (identity then reports what differs). ``cross_target``: run a golden recorded for
-    another target on this host's target (reported at identity level, not adjudicable)."""
+           pin_override: Pin | None = None, cross_target: bool = False,
+           page: pages.PageData | None = None) -> VerifyReport:
+    """``page``: filled with what an HTML report shows of each golden that ran (its
+    prompts, the token pieces, the oracle). ``pin_override``: run every golden on this
+    pin's oracle instead of the golden's own (identity then reports what differs).
+    ``cross_target``: run a golden recorded for another target on this host's target
+    (reported at identity level, not adjudicable)."""
     items: list[Item] = []
     verdicts: list[GoldenVerdict] = []
     for path in discover(paths):
@@ -304,10 +307,18 @@ def verify(paths: list[Path], *, home: Path, oracles: Oracles | None = None,
             lead = group[0]
             say(f"==> engine {n}/{len(groups)}: {', '.join(i.rec.golden.name for i in group)}")
             session = engine.EngineSession(*lead.configuration(), home)
+            wanted = None
+            if page is not None:
+                wanted = set().union(*(pages.wanted_ids(p.token_ids, i.rec.golden.prompt_topk(n))
+                                       for i in group
+                                       for n, p in enumerate(i.rec.golden.prompts)))
             result = session.run([run_from_golden(i.rec) for i in group], what="verify",
-                                 name=lead.rec.golden.name).require()
+                                 name=lead.rec.golden.name, pieces=wanted).require()
             for item, run in zip(group, result.runs, strict=True):
                 item.verdict = verdict(item, result, run)
+                if page is not None:
+                    page.add(item.path, item.rec.golden, run["legs"][0], item.verdict.tokens,
+                             result.result.pieces, lead.oracle)
     verdicts = [i.verdict for i in items if i.verdict is not None] + verdicts
     return VerifyReport(report_schema=VERIFY_REPORT_SCHEMA, created_utc=utc_now(),
                         exit_code=exit_code(verdicts), goldens=verdicts)
@@ -402,6 +413,11 @@ def register(sub: Subparsers) -> None:
     v.add_argument("--summary-md", metavar="PATH",
                    help="also write a Markdown summary (identity, configuration, token table, "
                    "gate); appended to $GITHUB_STEP_SUMMARY too when that is set")
+    v.add_argument("--html", metavar="FILE",
+                   help="also write one self-contained HTML page: the verdict per golden, "
+                   "then per prompt the tokens shaded by the golden's top-2 margin, the "
+                   "first divergence and both continuations, the top-k on hover (opens "
+                   "from a CI artifact; nothing else changes)")
     v.add_argument("--cross-target", action="store_true",
                    help="run goldens recorded for another target on this host's target of "
                    "their pin (or of --oracle's): the target difference is reported at "
@@ -409,6 +425,32 @@ def register(sub: Subparsers) -> None:
     add_home_args(v, json_help="machine-readable report "
                    "(schema: oracle_build/contracts/schemas/verify-report.schema.json)")
     v.set_defaults(func=run_verify)
+
+
+def write_page(report: VerifyReport, data: pages.PageData, path: Path) -> None:
+    """The HTML page of ``report``: the same verdicts, with what verify gathered."""
+    from oracle_build import html
+    from oracle_build.contracts.page import PAGE_SCHEMA, Page, PageGolden
+
+    goldens = []
+    for v in report.goldens:
+        band = None
+        prompts = data.prompts.get(v.path, [])
+        if prompts:
+            band = load_golden(Path(v.path)).gate.band_nats
+        goldens.append(PageGolden(
+            name=v.name, path=v.path, status=v.status, words=verdict_words(v), why=v.why,
+            identity=v.identity, configuration=v.configuration, context=v.context,
+            summary=v.summary, band_nats=band, logprobs_identical=v.logprobs_identical,
+            prompts=prompts))
+    page = Page(page_schema=PAGE_SCHEMA, kind="verify", title="oracle-build verify",
+                created_utc=report.created_utc,
+                oracle=data.oracle or {"host": f"{host.host().machine} "
+                                               f"{host.host().cpu_variant or ''}".strip()},
+                reference_label="golden", candidate_label="this run",
+                exit_code=report.exit_code, goldens=goldens, pieces=data.pieces)
+    html.write(page, path)
+    say(f"HTML report: {path}")
 
 
 def run_verify(args: argparse.Namespace) -> int:
@@ -420,13 +462,16 @@ def run_verify(args: argparse.Namespace) -> int:
         from oracle_build.contracts.pins import load_pin
 
         pin_override = load_pin(Path(args.oracle))
+    page = pages.PageData() if args.html else None
     report = verify([Path(p) for p in args.goldens], home=home, pin_override=pin_override,
-                    cross_target=args.cross_target)
+                    cross_target=args.cross_target, page=page)
     if args.json:
         print(report.model_dump_json(indent=2))
     else:
         print(render(report))
     ci_reports(report, junit_path=args.junit_xml, summary_path=args.summary_md)
+    if page is not None:
+        write_page(report, page, Path(args.html))
     if not args.goldens and only_other_variants(report) and DEFAULT_SPEC.is_dir():
         # The main job on a machine of another CPU kernel variant (AVX2 vs AVX-512 BF16 vs
         # AMX): the bundled goldens are not this host's numbers. End well, and prove what
@@ -435,9 +480,12 @@ def run_verify(args: argparse.Namespace) -> int:
             f"{host.host().cpu_variant}); proving what this host can instead: capturing "
             f"{DEFAULT_SPEC} here and verifying that capture")
         written = capture([DEFAULT_SPEC], home=home, out=captures_dir(home))
-        own = verify(written, home=home)
+        page = pages.PageData() if args.html else None
+        own = verify(written, home=home, page=page)
         print(own.model_dump_json(indent=2) if args.json else render(own))
         ci_reports(own, junit_path=args.junit_xml, summary_path=args.summary_md)
+        if page is not None:
+            write_page(own, page, Path(args.html))
         if own.exit_code == EXIT_OK:
             print(f"this host's own capture verified ({written[0]}); the bundled goldens are "
                   "NOT VERIFIABLE HERE (another CPU kernel variant), not drift")

@@ -49,6 +49,7 @@ class DriverResult(Strict):
     backends: dict[str, Any] | None = None
     runs: list[DriverRun] = Field(default_factory=list)
     arrays_file: str | None = None
+    pieces: dict[str, str] | None = None  # token id -> its text, when the request asked
     resolved_after: dict[str, dict[str, Any]] | None = None
     error: str | None = None
     traceback: str | None = None

@@ -182,6 +182,20 @@ def topk_arrays(outputs, prefix, arrays):
     arrays[prefix + "logprobs"] = lps
 
 
+def token_pieces(tokenizer, ids):
+    """Each token id as the text it stands for (the report shows pieces, not ids)."""
+    out = {}
+    for i in sorted(ids)[:200000]:
+        try:
+            piece = tokenizer.decode([i], skip_special_tokens=False)
+            if not piece or "\ufffd" in piece:  # a byte of a longer character: its name
+                piece = str(tokenizer.convert_ids_to_tokens(i))
+        except Exception:  # noqa: S112 - an id the tokenizer lacks is shown as its id
+            continue
+        out[str(i)] = piece
+    return out
+
+
 def run_one(llm, SamplingParams, run, legs_out):
     s = dict(run["sampling"])
     params = SamplingParams(**s)
@@ -309,10 +323,16 @@ def main(argv, env_before=None):
         result["backends"] = chosen_backends(vllm_config)
         result["runs"] = []
         arrays = {}
+        wanted = set(req.get("piece_ids") or [])
         for r, run in enumerate(req["runs"]):
             legs = []
             sampling, times = run_one(llm, SamplingParams, run, legs)
             for leg_no, leg in enumerate(legs):
+                if req.get("pieces"):
+                    for out in leg:
+                        wanted.update(out["token_ids"])
+                        for row in out["topk"]:
+                            wanted.update(t for t, _lp in row or [])
                 topk_arrays(leg, "r%d_l%d_" % (r, leg_no), arrays)
             result["runs"].append({"name": run["name"], "sampling": sampling, "legs": legs,
                                    "leg_seconds": times})
@@ -323,6 +343,8 @@ def main(argv, env_before=None):
             np.savez(fh, **arrays)
         os.replace(arrays_path + ".tmp", arrays_path)
         result["arrays_file"] = ARRAYS_FILE
+        if req.get("pieces"):
+            result["pieces"] = token_pieces(llm.get_tokenizer(), wanted)
         # num_gpu_blocks is set once the KV cache is sized: read it again after the runs.
         result["resolved_after"] = resolved_config(vllm_config)
         result["ok"] = True

@@ -13,6 +13,7 @@ def generated() -> dict[str, dict[str, Any]]:
     from oracle_build.contracts.candidate import Candidate
     from oracle_build.contracts.driver import DriverResult
     from oracle_build.contracts.golden import Golden
+    from oracle_build.contracts.page import Page
     from oracle_build.contracts.record import (
         Anchor,
         BuildRecord,
@@ -32,7 +33,8 @@ def generated() -> dict[str, dict[str, Any]]:
             "anchor.schema.json": Anchor.model_json_schema(mode="validation"),
             "deep-identity.schema.json": DeepIdentity.model_json_schema(mode="validation"),
             "numerics-record.schema.json": NumericsRecord.model_json_schema(mode="validation"),
-            "driver-result.schema.json": DriverResult.model_json_schema(mode="validation")}
+            "driver-result.schema.json": DriverResult.model_json_schema(mode="validation"),
+            "html-page-data.schema.json": Page.model_json_schema(mode="validation")}
 
 
 def write() -> list[Path]:
