@@ -159,3 +159,21 @@ def test_the_plan_is_frozen(tmp_path: Path) -> None:
         p.from_wheelhouse = True  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.steps[0].name = "other"  # type: ignore[misc]
+
+
+def test_a_damaged_wheelhouse_manifest_names_its_field(tmp_path: Path) -> None:
+    from oracle_build.build.wheelhouse import Wheelhouse
+
+    pin = load_pin(REPO / "pins" / "cpu.toml")
+    wh = Wheelhouse.for_pin(tmp_path, pin)
+    wh.root.mkdir(parents=True)
+    good = {"schema": 1, "pin_key": pin.key, "pin_hash": pin.content_hash,
+            "wheels": {"a-1.0-py3-none-any.whl": {"sha256": "0" * 64, "size": 3,
+                                                  "origin": "downloaded"}}}
+    wh.manifest_path.write_text(json.dumps(good))
+    assert wh.files() == good["wheels"]
+    bad = json.loads(json.dumps(good))
+    bad["wheels"]["a-1.0-py3-none-any.whl"]["size"] = -1
+    wh.manifest_path.write_text(json.dumps(bad))
+    with pytest.raises(BadInput, match=r"wheels\.a-1\.0-py3-none-any\.whl\.size"):
+        wh.files()

@@ -52,7 +52,7 @@ def build_record(state: BuildState, ident: identity.Identity, *, manifest_summar
         host=host.facts(p.build_env.get("CUDA_HOME")),
         installer=Installer(uv=UV_VERSION, pip_for_wheel_build=(
             p.pin.model.build.pip if isinstance(p.pin.model.vllm, GitSource) else None)),
-        origin="built" if state.origin == "built" else "wheelhouse",
+        origin=state.origin,
         source=facts.source,
         externals=facts.externals,
         externals_declared=facts.checkout.externals_declared if facts.checkout else None,

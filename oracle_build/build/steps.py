@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from os import environ
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
@@ -51,7 +51,7 @@ class BuildState:
     steps: Steps
     facts: BuildFacts = field(default_factory=BuildFacts)
     wheel: Path | None = None
-    origin: str = "wheelhouse"
+    origin: Literal["built", "wheelhouse", "fetched"] = "wheelhouse"
     identity: identity.Identity | None = None
     tree: checkout.CheckoutFacts | None = None  # what the source step read from the clone
     hashed: manifest.Hashed | None = None  # the venv's files, hashed during the identity step

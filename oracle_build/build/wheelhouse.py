@@ -18,12 +18,13 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from oracle_build.contracts.lock import LockEntry
 from oracle_build.contracts.pins import Pin
+from oracle_build.contracts.wheelhouse import WHEELHOUSE_SCHEMA, WheelhouseManifest
 from oracle_build.core.errors import BadInput
-from oracle_build.core.files import atomic_write_json, load_json, sha256_file
+from oracle_build.core.files import atomic_write_json, load_json, sha256_file, validate
 from oracle_build.core.layout import stamp
 from oracle_build.core.log import say
 
-MANIFEST_SCHEMA = 1
+MANIFEST_SCHEMA = WHEELHOUSE_SCHEMA
 
 
 def wheel_key(filename: str) -> tuple[str, str]:
@@ -55,17 +56,15 @@ class Wheelhouse:
             return {"schema": MANIFEST_SCHEMA, "pin_key": self.pin_key,
                     "pin_hash": self.pin_hash, "wheels": {}}
         data = load_json(self.manifest_path)
-        if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA:
-            raise BadInput(self.manifest_path, [("schema", f"expected {MANIFEST_SCHEMA}")])
+        validate(WheelhouseManifest, data, self.manifest_path)
         if data.get("pin_hash") != self.pin_hash:
             raise BadInput(self.manifest_path, [(
                 "pin_hash", f"this wheelhouse belongs to pin {data.get('pin_key')} "
                 f"({str(data.get('pin_hash'))[:12]}), not {self.pin_key}")])
-        if not isinstance(data.get("wheels"), dict):
-            raise BadInput(self.manifest_path, [("wheels", "expected a table")])
-        return data
+        return dict(data)
 
     def _save(self, data: dict[str, Any]) -> None:
+        WheelhouseManifest.model_validate(data)  # what is written is what its schema says
         atomic_write_json(self.manifest_path, data)
 
     def reject(self, path: Path, why: str) -> None:

@@ -121,7 +121,7 @@ class BuildRecord(Strict):
     resolved: dict[str, Any]  # Plan.resolved(): what the build resolved
     host: dict[str, Any]  # host.facts(): the machine it was built on
     installer: Installer
-    origin: Literal["built", "wheelhouse"]
+    origin: Literal["built", "wheelhouse", "fetched"]  # where its wheels came from
     source: SourceFacts | None
     externals: dict[str, SourceFacts] | None
     externals_declared: list[DeclaredExternal] | None

@@ -22,6 +22,7 @@ def generated() -> dict[str, dict[str, Any]]:
         NumericsRecord,
     )
     from oracle_build.contracts.reports import DiffReport, ExplainReport, VerifyReport
+    from oracle_build.contracts.wheelhouse import WheelhouseManifest
 
     return {"golden.schema.json": Golden.model_json_schema(by_alias=True, mode="validation"),
             "verify-report.schema.json": VerifyReport.model_json_schema(mode="validation"),
@@ -34,7 +35,9 @@ def generated() -> dict[str, dict[str, Any]]:
             "deep-identity.schema.json": DeepIdentity.model_json_schema(mode="validation"),
             "numerics-record.schema.json": NumericsRecord.model_json_schema(mode="validation"),
             "driver-result.schema.json": DriverResult.model_json_schema(mode="validation"),
-            "html-page-data.schema.json": Page.model_json_schema(mode="validation")}
+            "html-page-data.schema.json": Page.model_json_schema(mode="validation"),
+            "wheelhouse-manifest.schema.json": WheelhouseManifest.model_json_schema(
+                by_alias=True, mode="validation")}
 
 
 def write() -> list[Path]:
