@@ -24,12 +24,13 @@ from typing import ClassVar
 
 import pytest
 
-from oracle_build import cache
+from oracle_build import cache, host
 from oracle_build.cache import CacheOptions
 from oracle_build.cache.ref import CacheRef, attestation_tag, parse, tag_for
 from oracle_build.cache.registry import Credentials, Registry, credentials_for
 from oracle_build.cache.signing import generate, load_signing_key, load_trusted, verify
 from oracle_build.cli import main
+from oracle_build.commands.numerics import fingerprint, set_dir
 from oracle_build.contracts.pins import load_pin
 from oracle_build.contracts.record import load_record
 from oracle_build.core.errors import (
@@ -44,6 +45,7 @@ from oracle_build.core.errors import (
 )
 from tests import registry as regmod
 from tests.conftest import CPU_PIN, REPO, BuiltOracle
+from tests.test_numerics import copy_battery
 
 # ----------------------------------------------------------------------------- references
 
@@ -387,17 +389,38 @@ def test_recovery_into_a_fresh_home_from_the_registry(pushed: Pushed, tmp_path: 
     assert {w["origin"] for w in json.loads((home / "wheelhouse" / pushed.oracle.pin.key /
                                              "manifest.json").read_text())["wheels"].values()
             } == {"cache"}
-    # the kernel battery on the recovered oracle, through nox: ORACLE_NUMERICS_OK (a host of a
-    # CPU variant without a committed set captures it first, then verifies it)
-    numerics_args = ["nox", "-s", "numerics", "--", "--home", str(home)]
+    # The kernel battery on the recovered oracle, through nox (the one battery run of the
+    # suite: the recovered oracle's content fingerprint is the built one's, asserted above):
+    # ORACLE_NUMERICS_OK and the set's fingerprint; a host of a CPU variant without a
+    # committed set captures it first (into a copy of the battery), then verifies it
+    battery = copy_battery(tmp_path / "battery")
+    venv = home / "oracles" / pushed.oracle.pin.key
+    numerics_args = ["nox", "-s", "numerics", "--", "--home", str(home), "--battery",
+                     str(battery)]
     nox_env = {**env, "HOME": os.environ.get("HOME", "/root")}
+    record_before = (venv / "oracle-build" / "build-record.json").read_bytes()
     numerics = subprocess.run(numerics_args, cwd=REPO, env=nox_env, capture_output=True,
                               text=True, timeout=1800)
-    if "ORACLE_NUMERICS_CAPTURED" in numerics.stdout:
+    where = set_dir(battery, pushed.oracle.pin, "cpu", str(host.host().cpu_variant))
+    if "ORACLE_NUMERICS_CAPTURED" in numerics.stdout:  # no committed set for this variant
+        assert numerics.returncode == 0, numerics.stderr[-3000:]
+        assert f"git add {where}" in numerics.stdout
         numerics = subprocess.run(numerics_args, cwd=REPO, env=nox_env, capture_output=True,
                                   text=True, timeout=1800)
     assert numerics.returncode == 0, numerics.stdout[-3000:] + numerics.stderr[-3000:]
-    assert re.search(r"^ORACLE_NUMERICS_OK sha256:[0-9a-f]{64}$", numerics.stdout, re.M)
+    m = re.search(r"^ORACLE_NUMERICS_OK (sha256:[0-9a-f]{64})$", numerics.stdout, re.M)
+    assert m, numerics.stdout[-3000:]
+    members = sorted(where.glob("*/golden.json"))
+    assert len(members) == len(list((battery / "specs").glob("*.toml")))
+    assert m.group(1) == fingerprint(members)
+    assert numerics.stdout.count("top-k logprobs bit-identical") + numerics.stderr.count(
+        "top-k logprobs bit-identical") == len(members)
+    # the verdict goes beside the build record; the record (goldens hold its sha256) is as
+    # published
+    assert (venv / "oracle-build" / "build-record.json").read_bytes() == record_before
+    beside = json.loads((venv / "oracle-build" / "numerics.json").read_text())
+    assert beside["fingerprint"] == m.group(1)
+    assert beside["verdict"] == "ORACLE_NUMERICS_OK"
 
 
 def _refused(p: Pushed, tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str,

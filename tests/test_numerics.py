@@ -10,7 +10,6 @@ import hashlib
 import json
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ import pytest
 
 from oracle_build import generators, host
 from oracle_build.cli import main
-from oracle_build.commands.numerics import fingerprint, set_dir
+from oracle_build.commands.numerics import set_dir
 from oracle_build.contracts.spec import GENERATED_MODELS, load_spec
 from oracle_build.core.errors import EXIT_DRIFT, EXIT_MODEL, EXIT_NOT_HERE, EXIT_REFUSED
 from oracle_build.oracle_venv import OracleVenv
@@ -116,34 +115,9 @@ def test_generators_are_byte_identical_across_two_generations(cpu_oracle: BuiltO
     assert MOE_EXPERT in names and not any("gate_up_proj" in n for n in names)
 
 
-@pytest.mark.slow
-def test_battery_through_nox_prints_numerics_ok_and_fingerprint(cpu_oracle: BuiltOracle,
-                                                                tmp_path: Path) -> None:
-    battery = copy_battery(tmp_path)
-    args = ["nox", "-s", "numerics", "--", "--home", str(cpu_oracle.home), "--battery",
-            str(battery)]
-    record_path = cpu_oracle.venv / "oracle-build" / "build-record.json"
-    record_before = record_path.read_bytes()
-    first = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=1800)
-    where = set_dir(battery, cpu_oracle.pin, "cpu", str(host.host().cpu_variant))
-    if "ORACLE_NUMERICS_CAPTURED" in first.stdout:  # no committed set for this CPU variant
-        assert first.returncode == 0, first.stderr[-3000:]
-        assert f"git add {where}" in first.stdout
-        first = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=1800)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    m = re.search(r"^ORACLE_NUMERICS_OK (sha256:[0-9a-f]{64})$", first.stdout, re.M)
-    assert m, first.stdout[-3000:]
-    members = sorted(where.glob("*/golden.json"))
-    assert len(members) == len(list((battery / "specs").glob("*.toml")))
-    assert m.group(1) == fingerprint(members)
-    assert first.stdout.count("top-k logprobs bit-identical") + first.stderr.count(
-        "top-k logprobs bit-identical") == len(members)
-    # the verdict goes beside the build record; the record (goldens hold its sha256) is as
-    # published
-    assert record_path.read_bytes() == record_before
-    beside = json.loads((cpu_oracle.venv / "oracle-build" / "numerics.json").read_text())
-    assert beside["fingerprint"] == m.group(1)
-    assert beside["verdict"] == "ORACLE_NUMERICS_OK"
+# The whole battery through nox (ORACLE_NUMERICS_OK, its fingerprint, the verdict beside the
+# build record) runs once per suite, on the oracle recovered from the cache:
+# tests/test_cache.py::test_recovery_into_a_fresh_home_from_the_registry.
 
 
 @pytest.mark.slow
