@@ -308,3 +308,58 @@ def test_verify_html_agrees_with_its_json_report(verified: Verified, tmp_path: P
     out = os.environ.get("ORACLE_BUILD_SCREENSHOT_OUT")  # the README's picture
     if out:
         shutil.copy2(png, out)
+
+
+def test_diff_writes_the_same_page_with_a_and_b(tmp_path: Path) -> None:
+    """diff's page: A is the reference, B the candidate; the settings the two engines
+    resolved differently come before the tokens; the verdict words are diff's."""
+    from oracle_build.commands.diff import write_page
+    from oracle_build.contracts.reports import (
+        DIFF_REPORT_SCHEMA,
+        DiffReport,
+        FieldDiff,
+        GoldenDiff,
+        OracleSide,
+    )
+
+    golden = load_golden(TINY_SPEC)
+    data = pages.PageData()
+    results = []
+    for i, p in enumerate(golden.prompts):
+        rows = golden.prompt_topk(i)
+        cand = list(p.token_ids)
+        if i == 0:
+            near = next(j for j, r in enumerate(rows or []) if 0 < r[0][1] - r[1][1] <= 0.5)
+            cand[near] = int((rows or [])[near][1][0])
+        r = judge.compare_prompt(p.id, p.prompt_token_ids, p.token_ids, rows,
+                                 p.prompt_token_ids, cand, None, golden.gate.band_nats)
+        results.append(r.as_dict())
+    data.prompts[str(TINY_SPEC / "golden.json")] = [
+        pages.prompt(p.id, p.text, p.prompt_token_ids, p.token_ids, golden.prompt_topk(i),
+                     [r["new_token"] if r["index"] == j else t for j, t in
+                      enumerate(p.token_ids)], None, r)
+        for i, (p, r) in enumerate(zip(golden.prompts, results, strict=True))]
+    side = {"pin_id": "cpu", "target": "cpu", "torch": "2.13.0+cpu", "transformers": "5.19.0",
+            "venv": "/v"}
+    report = DiffReport(
+        diff_schema=DIFF_REPORT_SCHEMA, created_utc="2026-12-01T00:00:00Z",
+        a=OracleSide(pin_key="cpu-aaaa", pin_hash="a" * 64, vllm="0.32.0", **side),
+        b=OracleSide(pin_key="cpu-bbbb", pin_hash="b" * 64, vllm="0.31.0", **side),
+        packages=[], goldens=[GoldenDiff(
+            name=golden.name, path=str(TINY_SPEC / "golden.json"),
+            verdict="moved at near-ties only", tokens=results, logprobs_identical=False,
+            configuration=[FieldDiff(field="engine.resolved.block_size", golden=16,
+                                     current=32, cls="numerics")],
+            summary="near-tie 1/3")])
+    path = tmp_path / "diff.html"
+    write_page(report, data, path)
+    parsed = parse(path)
+    page = Page.model_validate_json(parsed.data)
+    assert page.kind == "diff" and page.reference_label == "A cpu-aaaa"
+    assert page.candidate_label == "B cpu-bbbb"
+    assert page.goldens[0].configuration[0].field == "engine.resolved.block_size"
+    text = path.read_text()
+    assert text.index("engine.resolved.block_size") < text.index('class="prompt"')
+    forked = [k for k, v in parsed.prompts.items() if not v["lazy"]]
+    assert forked == [golden.prompts[0].id]
+    assert parsed.prompts[forked[0]]["fork"] == str(results[0]["index"])
