@@ -731,3 +731,20 @@ def test_bearer_tokens_from_the_registrys_token_service(tmp_path: Path) -> None:
         srv.stop()
         httpd.shutdown()
         httpd.server_close()
+
+
+@slow
+def test_build_with_a_cache_and_a_key_pushes_after_identity(pushed: Pushed,
+                                                            capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    """`build_oracle -- --cache REF --signing-key F` on the building host: the oracle in place
+    passes identity, and the cache, lacking it, gets it, signed."""
+    ref = pushed.server.ref("team/viabuild")
+    code = main(["build", "--cache", ref, "--signing-key", str(pushed.key_file),
+                 "--pin", str(CPU_PIN), "--home", str(pushed.oracle.home),
+                 "--wheelhouse", str(pushed.oracle.wheelhouse)])
+    err = capsys.readouterr().err
+    assert code == 0, err[-2000:]
+    assert "cache: pushed" in err and "signed by ci-builder-1" in err
+    with Registry(parse(ref)) as reg:
+        assert reg.has_manifest(tag_for(pushed.oracle.pin.content_hash, "cpu")) is not None
