@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.client
+import io
 import json
 import os
 import re
@@ -332,8 +333,6 @@ class Registry:
     def push_blob_bytes(self, data: bytes) -> tuple[str, int]:
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
         if not self.has_blob(digest):
-            import io
-
             self.upload_blob(digest, len(data), lambda: io.BytesIO(data))
         return digest, len(data)
 

@@ -92,7 +92,7 @@ def run_build(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def pull_or_say(opts: CacheOptions, pin: Pin, target: str, wheelhouse: Path) -> bool:
+def pull_or_say(opts: CacheOptions, pin: Pin, target: str, wheelhouse: Path) -> None:
     """Pull into the wheelhouse; a cache that lacks it, refuses it or cannot be reached is
     said (why, and that the build goes on as without a cache), never fatal here."""
     from oracle_build import cache
@@ -102,15 +102,11 @@ def pull_or_say(opts: CacheOptions, pin: Pin, target: str, wheelhouse: Path) -> 
         cache.pull(opts, pin, target, wheelhouse_root=wheelhouse)
     except NotCached:
         say(f"cache: {opts.ref} holds no oracle for {pin.key} ({target}): building it")
-        return False
     except CacheRefused as exc:
         say(f"cache: REFUSED: {exc.message}\ncache: nothing of it was kept; building from the "
             "pin instead")
-        return False
     except (RegistryError, RegistryAuth) as exc:
         say(f"cache: {exc.label}: {exc.message}\ncache: building without it")
-        return False
-    return True
 
 
 def push_or_say(opts: CacheOptions, pin: Pin, target: str, home: Path,
