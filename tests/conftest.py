@@ -155,14 +155,58 @@ kernel_check = "extension"
 {extra}"""
 
 
-def copy_tree_for_golden(tmp_path: Path, name: str = "tiny-llama-greedy") -> Path:
-    """A goldens/<name>/ folder beside a pins/ copy, so a golden's relative pin resolves."""
+def inline_golden_doc(path: Path | None = None) -> dict[str, Any]:
+    """A golden's JSON document (default: the bundled golden) with its top-k rows inline
+    (prompts[].topk, as format 1 and a sidecar-less format 2 hold them; no sidecar), so
+    that a test edits one document. Still the same golden: same tokens, same rows."""
+    import json
+
+    from oracle_build.contracts.golden import golden_file, load_golden
+
+    src = golden_file(path or TINY_SPEC)
+    golden = load_golden(src)
+    doc: dict[str, Any] = json.loads(src.read_text())
+    if doc.get("topk") is not None:
+        doc["topk"] = None
+        for i, prompt in enumerate(doc["prompts"]):
+            prompt["topk"] = [[[int(t), float(lp)] for t, lp in row]
+                              for row in golden.prompt_topk(i) or []]
+    return doc
+
+
+def copy_tree_for_golden(tmp_path: Path, name: str = "tiny-llama-greedy",
+                         source: Path | None = None) -> Path:
+    """A goldens/<name>/ folder beside a pins/ copy, so a golden's relative pin resolves,
+    holding ``source`` (default: the bundled golden; `host_golden` for a test that runs it
+    on this host's engine) as `inline_golden_doc` writes it."""
+    import json
+
+    from oracle_build.contracts.golden import load_golden
+
     shutil.copytree(REPO / "pins", tmp_path / "pins")
     dest = tmp_path / "goldens" / name
     dest.mkdir(parents=True)
     shutil.copy2(TINY_SPEC / "spec.toml", dest / "spec.toml")
-    shutil.copy2(TINY_SPEC / "golden.json", dest / "golden.json")
+    (dest / "golden.json").write_text(json.dumps(inline_golden_doc(source), indent=1))
+    load_golden(dest)  # still a valid golden
     return dest
+
+
+@pytest.fixture(scope="session")
+def host_golden(cpu_oracle: BuiltOracle, request: pytest.FixtureRequest) -> Path:
+    """The golden of the embedded default that this host's engine reproduces: the bundled
+    one where it was captured under this host's CPU kernel variant (it records x86_64-avx2),
+    elsewhere this host's own capture of the same spec (vLLM's CPU build runs other kernels
+    there, so the bundled numbers are not this host's to reproduce: BRIEF section 8)."""
+    from oracle_build import host
+    from oracle_build.contracts.golden import load_golden
+
+    bundled = TINY_SPEC / "golden.json"
+    variant = load_golden(bundled).oracle.identity.get("cpu_variant")  # type: ignore[union-attr]
+    if variant in (None, host.host().cpu_variant):
+        return bundled
+    captured: Captured = request.getfixturevalue("captured")
+    return captured.golden_path
 
 
 def reliability(section: str, case: str) -> None:

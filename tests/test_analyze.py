@@ -13,8 +13,8 @@ from tests.conftest import TINY_SPEC, BuiltOracle
 
 
 def candidate_from_golden(tmp_path: Path, edit: dict[tuple[int, int], int] | None = None,
-                          ids: bool = True) -> Path:
-    golden = load_golden(TINY_SPEC)
+                          ids: bool = True, source: Path = TINY_SPEC) -> Path:
+    golden = load_golden(source)
     prompts = []
     for n, p in enumerate(golden.prompts):
         toks = list(p.token_ids)
@@ -36,7 +36,7 @@ def test_compare_offline_pass_and_drift(tmp_path: Path,
                  str(candidate_from_golden(tmp_path, ids=False))]) == 0
     assert "STRICT token-exact 3/3" in capsys.readouterr().out
     golden = load_golden(TINY_SPEC)
-    pos = golden.prompts[2].topk[4]
+    pos = golden.prompt_topk(2)[4]
     cand = candidate_from_golden(tmp_path, {(2, 4): pos[1][0]})
     assert main(["compare", str(TINY_SPEC), str(cand), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
@@ -66,26 +66,29 @@ def test_bad_candidate(tmp_path: Path, capsys: pytest.CaptureFixture[str],
 
 
 @pytest.mark.slow
-def test_margin_teacher_forced(cpu_oracle: BuiltOracle, tmp_path: Path,
+def test_margin_teacher_forced(cpu_oracle: BuiltOracle, host_golden: Path, tmp_path: Path,
                                capsys: pytest.CaptureFixture[str]) -> None:
-    golden = load_golden(TINY_SPEC)
+    golden = load_golden(host_golden)
     p = golden.prompts[0]
+    rows = golden.prompt_topk(0)
+    assert rows is not None
     pos = 5
-    cand = candidate_from_golden(tmp_path, {(0, pos): p.topk[pos][1][0]})
-    assert main(["margin", str(TINY_SPEC), p.id, str(pos), "--json", "--candidate", str(cand),
+    cand = candidate_from_golden(tmp_path, {(0, pos): rows[pos][1][0]}, source=host_golden)
+    assert main(["margin", str(host_golden), p.id, str(pos), "--json", "--candidate", str(cand),
                  "--home", str(cpu_oracle.home)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["argmax"] == p.token_ids[pos] == report["golden_token"]
-    recorded = p.topk[pos][0][1] - p.topk[pos][1][1]
+    recorded = rows[pos][0][1] - rows[pos][1][1]
     assert report["top2_margin_nats"] == pytest.approx(recorded, abs=1e-3)
-    assert report["candidate_token"] == p.topk[pos][1][0]
+    assert report["candidate_token"] == rows[pos][1][0]
     assert report["candidate_gap_mnats"] == pytest.approx(recorded * 1000, abs=1)
     assert len(report["topk"]) >= 20
 
 
 @pytest.mark.slow
-def test_determinism_probe(cpu_oracle: BuiltOracle, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["determinism", str(TINY_SPEC), "--legs", "3", "--json", "--home",
+def test_determinism_probe(cpu_oracle: BuiltOracle, host_golden: Path,
+                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["determinism", str(host_golden), "--legs", "3", "--json", "--home",
                  str(cpu_oracle.home)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["deterministic"] is True and report["legs"] == 3

@@ -31,11 +31,11 @@ def test_parse_vary() -> None:
 
 
 @pytest.mark.slow
-def test_explain_names_the_setting_and_reproduces(cpu_oracle: BuiltOracle, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_explain_names_the_setting_and_reproduces(cpu_oracle: BuiltOracle, host_golden: Path,
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # The golden was captured in float32; its record now claims bfloat16, so explain starts
     # from a configuration that differs in a setting that moves its tokens.
-    folder = copy_tree_for_golden(tmp_path)
+    folder = copy_tree_for_golden(tmp_path, source=host_golden)
     edit(folder, lambda d: d["engine"]["requested"].update(dtype="bfloat16"))
     out = tmp_path / "explain.json"
     code = main(["explain", str(folder), "--vary", "dtype=float32",
@@ -68,9 +68,9 @@ def test_explain_names_the_setting_and_reproduces(cpu_oracle: BuiltOracle, tmp_p
 
 
 @pytest.mark.slow
-def test_impossible_golden_and_budget(cpu_oracle: BuiltOracle, tmp_path: Path,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
-    folder = copy_tree_for_golden(tmp_path)
+def test_impossible_golden_and_budget(cpu_oracle: BuiltOracle, host_golden: Path,
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = copy_tree_for_golden(tmp_path, source=host_golden)
 
     def scramble(d: dict[str, Any]) -> None:  # a token no configuration gives, at position 3
         for n, p in enumerate(d["prompts"]):

@@ -222,6 +222,7 @@ def test_two_builds_of_one_pin_end_with_one_venv(cpu_oracle: BuiltOracle,
 
 
 def test_two_captures_one_golden_and_verify_alongside(cpu_oracle: BuiltOracle,
+                                                      host_golden: Path,
                                                       tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = ["capture", str(TINY_SPEC), "--out", str(out), "--home", str(cpu_oracle.home)]
@@ -229,7 +230,7 @@ def test_two_captures_one_golden_and_verify_alongside(cpu_oracle: BuiltOracle,
     time.sleep(2.0)
     second = start(args)
     before = (TINY_SPEC / "golden.json").read_bytes()
-    verify = subprocess.run([sys.executable, "-m", "oracle_build", "verify", str(TINY_SPEC),
+    verify = subprocess.run([sys.executable, "-m", "oracle_build", "verify", str(host_golden),
                              "--home", str(cpu_oracle.home)], cwd=REPO, capture_output=True,
                             text=True, timeout=900)
     _, err1 = first.communicate(timeout=900)

@@ -99,11 +99,11 @@ def test_harness_dependencies_have_aarch64_wheels(tmp_path: Path, python: str) -
 
 
 @pytest.mark.slow
-def test_verify_exit_codes_through_nox(cpu_oracle: BuiltOracle, tmp_path: Path,
-                                      junit_xsd: Path) -> None:
+def test_verify_exit_codes_through_nox(cpu_oracle: BuiltOracle, host_golden: Path,
+        tmp_path: Path, junit_xsd: Path) -> None:
     """0 pass, 1 drift, 2 bad input, 3 identity, 4 configuration: what `nox -s verify`
     itself exits with, as a CI job sees it (real engine for 0, 1 and 4)."""
-    folder = copy_tree_for_golden(tmp_path)
+    folder = copy_tree_for_golden(tmp_path, source=host_golden)
     original = json.loads((folder / "golden.json").read_text())
 
     junit, summary, step = tmp_path / "junit.xml", tmp_path / "summary.md", tmp_path / "step.md"

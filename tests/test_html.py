@@ -257,12 +257,12 @@ class Verified:
 
 
 @pytest.fixture(scope="module")
-def verified(cpu_oracle: BuiltOracle, tmp_path_factory: pytest.TempPathFactory
+def verified(cpu_oracle: BuiltOracle, host_golden: Path, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[Verified]:
     """verify --json --html of a golden edited as another oracle's would be: a near-tie on
     prompt 0, a real divergence on prompt 1; one engine start."""
     tmp = tmp_path_factory.mktemp("html")
-    folder = copy_tree_for_golden(tmp)
+    folder = copy_tree_for_golden(tmp, source=host_golden)
     doc = json.loads((folder / "golden.json").read_text())
     p0 = doc["prompts"][0]
     near = next(i for i, pos in enumerate(p0["topk"]) if 0 < pos[0][1] - pos[1][1] <= 0.5)

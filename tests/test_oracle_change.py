@@ -19,7 +19,7 @@ from oracle_build.contracts import schemas
 from oracle_build.contracts.pins import Pin, load_pin
 from oracle_build.core import layout
 from oracle_build.core.errors import EXIT_IDENTITY, EXIT_NOT_HERE, EXIT_OK
-from tests.conftest import CPU_PIN, REPO, TINY_SPEC, BuiltOracle, copy_tree_for_golden
+from tests.conftest import CPU_PIN, REPO, BuiltOracle, copy_tree_for_golden
 
 pytestmark = pytest.mark.slow
 OLD_PIN = REPO / "pins" / "previous" / "cpu-0.31.toml"
@@ -55,9 +55,10 @@ def test_second_pin_shares_identical_wheels(cpu_oracle: BuiltOracle, old_oracle:
 
 
 def test_committed_golden_on_the_old_oracle_differs_and_shows_tokens(
-        cpu_oracle: BuiltOracle, old_oracle: Pin, capsys: pytest.CaptureFixture[str]) -> None:
+        cpu_oracle: BuiltOracle, host_golden: Path, old_oracle: Pin,
+        capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
-    code = main(["verify", str(TINY_SPEC), "--oracle", str(OLD_PIN),
+    code = main(["verify", str(host_golden), "--oracle", str(OLD_PIN),
                  "--home", str(cpu_oracle.home)])
     out = capsys.readouterr().out
     assert code == EXIT_IDENTITY, out[-3000:]
@@ -70,7 +71,7 @@ def test_committed_golden_on_the_old_oracle_differs_and_shows_tokens(
         "tokens:  [NOT ADJUDICABLE: another oracle]")
     assert "capital" in out and "gate: strict (strict token-exact): not judged" in out
     # without --oracle the same golden on its own oracle still passes
-    assert main(["verify", str(TINY_SPEC), "--home", str(cpu_oracle.home)]) == EXIT_OK
+    assert main(["verify", str(host_golden), "--home", str(cpu_oracle.home)]) == EXIT_OK
 
 
 def test_diff_of_the_two_pins_over_the_committed_goldens(

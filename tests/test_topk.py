@@ -22,13 +22,17 @@ from oracle_build.core.errors import EXIT_BAD_INPUT, BadInput, EngineFailed, Out
 from oracle_build.core.files import sha256_file
 from oracle_build.goldens import publish
 from oracle_build.interop import vllmcpp
-from tests.conftest import TINY_SPEC
+from tests.conftest import REPO, TINY_SPEC
+
+# the bundled golden as an earlier capture wrote it (format 1: top-k rows inline, no pin
+# copy), kept byte for byte: goldens of that format are still read
+FORMAT1 = REPO / "tests" / "data" / "format1" / "tiny-llama-greedy" / "golden.json"
 
 
 def format2(tmp_path: Path) -> Path:
-    """The bundled (format 1) golden, published again: format 2."""
+    """A format-1 golden, published again: format 2."""
     dest = tmp_path / "g" / "golden.json"
-    publish(load_golden(TINY_SPEC), dest, replace=False)
+    publish(load_golden(FORMAT1), dest, replace=False)
     return dest
 
 
@@ -38,7 +42,7 @@ def sidecar_of(path: Path) -> Path:
 
 
 def test_format1_read_and_format2_written_bit_for_bit(tmp_path: Path) -> None:
-    old = load_golden(TINY_SPEC)
+    old = load_golden(FORMAT1)
     assert old.golden_schema == 1 and old.topk is None  # format 1 still read
     path = format2(tmp_path)
     raw = json.loads(path.read_text())
@@ -63,6 +67,40 @@ def test_format1_read_and_format2_written_bit_for_bit(tmp_path: Path) -> None:
         {"id": p.id, "prompt_token_ids": p.prompt_token_ids, "token_ids": p.token_ids}
         for p in old.prompts]}))
     assert main(["compare", str(path), str(cand)]) == 0
+
+
+def test_bundled_golden_is_current_and_travels_alone(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The bundled golden is written as capture writes goldens today (format 2, a top-k
+    sidecar, its pin embedded, the CPU kernel variant recorded), re-captured from the format-1
+    golden with the same tokens and the same top-k rows, bit for bit; copied alone into
+    another folder (no pins/ beside it) it still finds its pin (not bad input)."""
+    from oracle_build import host
+    from oracle_build.contracts.golden import recorded
+    from oracle_build.contracts.pins import load_pin
+    from oracle_build.core.errors import EXIT_NO_ORACLE, EXIT_NOT_HERE
+    from oracle_build.goldens import golden_pin
+
+    new, old = load_golden(TINY_SPEC), load_golden(FORMAT1)
+    assert new.golden_schema == 2 and new.topk is not None and old.golden_schema == 1
+    assert new.oracle.embedded_pin is not None  # type: ignore[union-attr]
+    assert new.oracle.identity["cpu_variant"] == "x86_64-avx2"  # type: ignore[union-attr]
+    assert new.replaces is not None and new.replaces.golden_sha256 == sha256_file(FORMAT1)
+    assert [p.token_ids for p in new.prompts] == [p.token_ids for p in old.prompts]
+    assert judge.first_topk_difference([p.id for p in old.prompts], old.topk_table(),
+                                       new.topk_table(), 20) is None
+    alone = tmp_path / "elsewhere" / "tiny-llama-greedy"
+    alone.mkdir(parents=True)
+    for name in ("golden.json", new.topk.file):
+        shutil.copy2(TINY_SPEC / name, alone / name)
+    rec = recorded(load_golden(alone), alone / "golden.json")
+    pin = golden_pin(rec, alone / "golden.json", unpack_to=tmp_path / "pins")
+    assert pin.content_hash == load_pin(REPO / "pins" / "cpu.toml").content_hash
+    # through verify, in a home with no oracle: its records and pin pass, then it stops for
+    # the missing oracle (7), or for another CPU kernel variant (11); never bad input (2)
+    here = host.host().cpu_variant == "x86_64-avx2"
+    code = main(["verify", str(alone), "--home", str(tmp_path / "home")])
+    assert code == (EXIT_NO_ORACLE if here else EXIT_NOT_HERE), capsys.readouterr()
 
 
 def test_one_logprob_bit_is_found(tmp_path: Path) -> None:

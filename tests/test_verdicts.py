@@ -27,7 +27,7 @@ from oracle_build.core.files import load_json, sha256_file
 from oracle_build.core.proc import Cmd
 from oracle_build.goldens import publish
 from oracle_build.interop import vllmcpp
-from tests.conftest import CPU_PIN, GPU_PIN, REPO, TINY_SPEC
+from tests.conftest import CPU_PIN, GPU_PIN, REPO, TINY_SPEC, inline_golden_doc
 
 GOLDEN = TINY_SPEC / "golden.json"
 IDS = ["capital", "fibonacci", "ids"]
@@ -41,8 +41,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def golden_doc() -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(GOLDEN.read_text())
-    return doc
+    return inline_golden_doc(GOLDEN)
 
 
 def write_golden(tmp_path: Path, doc: dict[str, Any], name: str = "g") -> Path:
@@ -133,7 +132,7 @@ def test_compare_applies_verifys_gate_rule(tmp_path: Path,
     path = write_golden(tmp_path, doc)
     golden = load_golden(GOLDEN)
     prompts = own_prompts()
-    row = golden.prompts[2].topk
+    row = golden.prompt_topk(2)
     assert row is not None
     prompts[2]["token_ids"] = list(prompts[2]["token_ids"])
     prompts[2]["token_ids"][4] = row[4][1][0]  # the runner-up there
@@ -368,8 +367,8 @@ def test_candidate_topk_rows_best_first(tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     golden = load_golden(GOLDEN)
     prompts = own_prompts()
-    for p, g in zip(prompts, golden.prompts, strict=True):
-        p["topk"] = [list(map(list, row)) for row in (g.topk or [])]
+    for i, p in enumerate(prompts):
+        p["topk"] = [list(map(list, row)) for row in (golden.prompt_topk(i) or [])]
     prompts[1]["topk"][3] = list(reversed(prompts[1]["topk"][3]))
     code, _o, err = run(capsys, "compare", str(GOLDEN), str(candidate(tmp_path, prompts)))
     assert code == 2
