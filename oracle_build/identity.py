@@ -21,10 +21,12 @@ from packaging.utils import canonicalize_name
 
 from oracle_build import devices, host, manifest
 from oracle_build.contracts.pins import GitSource, Pin, Target
+from oracle_build.contracts.probe import ProbeFacts
 from oracle_build.contracts.record import load_record
+from oracle_build.core import layout
 from oracle_build.core.env import RECORDED_PREFIXES
 from oracle_build.core.errors import BadInput, BuildFailed, IdentityMismatch
-from oracle_build.core.files import sha256_file
+from oracle_build.core.files import sha256_file, validate
 from oracle_build.oracle_venv import OracleVenv
 
 OK_LINE = "ORACLE_IDENTITY_OK"
@@ -118,6 +120,19 @@ def run_probe(venv: Path, target: Target, *, log: Path | None = None,
     facts = answer.data
     facts["machine"] = platform.machine()
     return facts
+
+
+def probe_answer(facts: dict[str, Any], venv: Path) -> ProbeFacts:
+    """The probe's answer validated before identity compares one field of it: it comes from a
+    process inside the venv, and a venv edited by hand (or a python that is not the venv's
+    own) can answer anything. A malformed answer is a failed probe, naming the field."""
+    try:
+        return validate(ProbeFacts, facts, venv / "oracle-build" / layout.IDENTITY_FACTS)
+    except BadInput as exc:
+        raise BuildFailed(
+            f"the identity probe run by {OracleVenv(venv).python} answered what this "
+            "oracle-build does not read (a venv edited by hand, or a python that is not its "
+            "own?):\n" + "\n".join(f"    {f}: {m}" for f, m in exc.problems[:20])) from None
 
 
 def _under(path: str, roots: list[str]) -> bool:
@@ -233,6 +248,7 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
         facts = run_probe(venv, target, log=log)
     else:
         facts["machine"] = platform.machine()
+    probe_answer(facts, venv)
     ident = Identity(venv=venv, facts=facts)
     ident.mismatches = compare(pin, target, venv, facts)
     if not staged and not oracle.has_record():

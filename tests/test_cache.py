@@ -349,6 +349,23 @@ def test_push_is_complete_signed_and_not_uploaded_twice(pushed: Pushed) -> None:
     assert _registry(pushed).referrers(pushed.digest) is None
     att, _ = _registry(pushed).get_manifest(attestation_tag(pushed.digest))
     assert json.loads(att)["subject"]["digest"] == pushed.digest
+    # the cache's own documents are their committed schemas' (the config, the envelope
+    # and the statement it signs)
+    import base64
+
+    import jsonschema
+
+    from oracle_build.contracts import schemas
+
+    config = manifest["config"]
+    assert isinstance(config, dict)
+    blob = json.loads(_registry(pushed).blob_bytes(config["digest"], config["size"]))
+    jsonschema.validate(blob, schemas.committed("cache-config.schema.json"))
+    (env_layer,) = json.loads(att)["layers"]
+    envelope = json.loads(_registry(pushed).blob_bytes(env_layer["digest"], env_layer["size"]))
+    jsonschema.validate(envelope, schemas.committed("cache-envelope.schema.json"))
+    jsonschema.validate(json.loads(base64.b64decode(envelope["payload"])),
+                        schemas.committed("cache-statement.schema.json"))
     # again: the tag exists, nothing is uploaded or overwritten
     opts = CacheOptions(parse(pushed.ref), signing_key=load_signing_key(pushed.key_file))
     again = cache.push(opts, pushed.oracle.pin, "cpu", home=pushed.oracle.home,

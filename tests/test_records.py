@@ -177,3 +177,53 @@ def test_a_damaged_wheelhouse_manifest_names_its_field(tmp_path: Path) -> None:
     wh.manifest_path.write_text(json.dumps(bad))
     with pytest.raises(BadInput, match=r"wheels\.a-1\.0-py3-none-any\.whl\.size"):
         wh.files()
+
+
+def test_the_probes_answer_is_validated_before_identity_reads_it(tmp_path: Path) -> None:
+    """A real probe answer (probe.py run by a real python: this harness's, where vLLM does
+    not import) is the model; edited, it is a failed probe naming the field, never a
+    KeyError or a comparison of half a record."""
+    import subprocess
+    import sys
+
+    import jsonschema
+
+    from oracle_build import identity
+    from oracle_build.contracts.probe import ProbeFacts
+    from oracle_build.core.errors import BuildFailed
+
+    out = tmp_path / "facts.json"
+    probe = Path(identity.__file__).parent / "inside" / "probe.py"
+    subprocess.run([sys.executable, "-I", str(probe), str(out), "rms_norm", "cpu", "VLLM_"],
+                   cwd=tmp_path, check=True, capture_output=True, timeout=300)
+    facts = json.loads(out.read_text())
+    assert "error" in facts["modules"]["vllm"] and facts["kernel"]["ok"] is False
+    assert isinstance(identity.probe_answer(facts, tmp_path), ProbeFacts)
+    jsonschema.validate(facts, schemas.committed("identity-facts.schema.json"))
+    for edit, field in [(lambda f: f["python"].update(isolated="maybe"), "python.isolated"),
+                        (lambda f: f.pop("kernel"), "kernel"),
+                        (lambda f: f.update(probe_schema=2), "probe_schema"),
+                        (lambda f: f["distributions"].update(x={"name": "x"}),
+                         "distributions.x.version")]:
+        bad = json.loads(out.read_text())
+        edit(bad)
+        with pytest.raises(BuildFailed) as info:
+            identity.probe_answer(bad, tmp_path)
+        assert f"    {field}: " in info.value.message, info.value.message
+
+
+def test_a_plans_resolution_is_its_model(tmp_path: Path) -> None:
+    """What a build resolves (printed first, resolved.json, the record's `resolved`) is the
+    committed schema's, for each device's target."""
+    import jsonschema
+
+    from oracle_build.build.plan import plan
+    from tests.conftest import CPU_PIN, established_gpu_pin
+
+    schema = schemas.committed("resolved-plan.schema.json")
+    cpu = plan(load_pin(CPU_PIN), "cpu", home=tmp_path / "h", wheelhouse_root=tmp_path / "wh")
+    jsonschema.validate(cpu.resolved(), schema)
+    gpu = plan(load_pin(established_gpu_pin(tmp_path)), "sm_121", home=tmp_path / "h",
+               wheelhouse_root=tmp_path / "wh")
+    assert gpu.resolved()["vllm"].startswith("git ")
+    jsonschema.validate(gpu.resolved(), schema)

@@ -20,6 +20,7 @@ from oracle_build.build import source
 from oracle_build.build.checkout import KNOWN_SWITCHES, CheckoutFacts, pin_problems, read_checkout
 from oracle_build.build.wheelhouse import Wheelhouse
 from oracle_build.contracts.pins import GitSource, Pin, Target, WheelSource
+from oracle_build.contracts.probe import ResolvedPlan
 from oracle_build.core import env as envmod
 from oracle_build.core import layout
 from oracle_build.core.proc import Cmd
@@ -82,9 +83,10 @@ class Plan:
         return self.staging / name
 
     def resolved(self) -> dict[str, Any]:
-        """Everything the build is about to use; printed first, recorded last."""
+        """Everything the build is about to use; printed first, recorded last (validated as
+        the model the build record and resolved.json hold)."""
         src = self.pin.model.vllm
-        return {
+        return ResolvedPlan.model_validate({
             "pin": str(self.pin.path),
             "pin_id": self.pin.id,
             "pin_hash": self.pin.content_hash,
@@ -108,7 +110,7 @@ class Plan:
             "rust_frontend": (self.pin.model.build.rust_frontend
                               if isinstance(self.pin.model.vllm, GitSource) else None),
             "checkout": str(self.checkout) if self.checkout else None,
-        }
+        }).model_dump(mode="json")
 
     def render(self) -> str:
         lines = [f"build plan for pin {self.pin.id} ({self.pin.key}), target {self.target_name}"]

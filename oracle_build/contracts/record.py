@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from oracle_build.contracts.base import Sha256, Strict
+from oracle_build.contracts.probe import ResolvedPlan
 from oracle_build.core.files import load_json, validate
 
 # 2: the venv's file manifest (oracle-build/manifest.json); 3: bytecode in the manifest, the
@@ -118,7 +119,7 @@ class BuildRecord(Strict):
     tool: ToolFacts
     pin: dict[str, Any]  # Pin.summary(): the pin, its path, hash and key
     target: dict[str, Any]  # the target's name and its model as the pin states it
-    resolved: dict[str, Any]  # Plan.resolved(): what the build resolved
+    resolved: ResolvedPlan  # Plan.resolved(): what the build resolved
     host: dict[str, Any]  # host.facts(): the machine it was built on
     installer: Installer
     origin: Literal["built", "wheelhouse", "fetched"]  # where its wheels came from

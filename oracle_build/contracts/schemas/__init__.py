@@ -10,10 +10,12 @@ HERE = Path(__file__).parent
 
 
 def generated() -> dict[str, dict[str, Any]]:
+    from oracle_build.contracts.cache import Envelope, OracleConfig, Statement
     from oracle_build.contracts.candidate import Candidate
     from oracle_build.contracts.driver import DriverResult
     from oracle_build.contracts.golden import Golden
     from oracle_build.contracts.page import Page
+    from oracle_build.contracts.probe import ProbeFacts, ResolvedPlan
     from oracle_build.contracts.record import (
         Anchor,
         BuildRecord,
@@ -37,7 +39,14 @@ def generated() -> dict[str, dict[str, Any]]:
             "driver-result.schema.json": DriverResult.model_json_schema(mode="validation"),
             "html-page-data.schema.json": Page.model_json_schema(mode="validation"),
             "wheelhouse-manifest.schema.json": WheelhouseManifest.model_json_schema(
-                by_alias=True, mode="validation")}
+                by_alias=True, mode="validation"),
+            "identity-facts.schema.json": ProbeFacts.model_json_schema(mode="validation"),
+            "resolved-plan.schema.json": ResolvedPlan.model_json_schema(mode="validation"),
+            # the oracle cache's own documents in the registry (the OCI manifest is OCI's)
+            "cache-config.schema.json": OracleConfig.model_json_schema(mode="validation"),
+            "cache-envelope.schema.json": Envelope.model_json_schema(mode="validation"),
+            "cache-statement.schema.json": Statement.model_json_schema(by_alias=True,
+                                                                     mode="validation")}
 
 
 def write() -> list[Path]:
