@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from oracle_build.cli import main
+from oracle_build.contracts import schemas
 from oracle_build.contracts.golden import load_golden
 from tests.conftest import TINY_SPEC, BuiltOracle
 
@@ -77,6 +79,7 @@ def test_margin_teacher_forced(cpu_oracle: BuiltOracle, host_golden: Path, tmp_p
     assert main(["margin", str(host_golden), p.id, str(pos), "--json", "--candidate", str(cand),
                  "--home", str(cpu_oracle.home)]) == 0
     report = json.loads(capsys.readouterr().out)
+    jsonschema.validate(report, schemas.committed("margin.schema.json"))
     assert report["argmax"] == p.token_ids[pos] == report["golden_token"]
     recorded = rows[pos][0][1] - rows[pos][1][1]
     assert report["top2_margin_nats"] == pytest.approx(recorded, abs=1e-3)
@@ -91,5 +94,6 @@ def test_determinism_probe(cpu_oracle: BuiltOracle, host_golden: Path,
     assert main(["determinism", str(host_golden), "--legs", "3", "--json", "--home",
                  str(cpu_oracle.home)]) == 0
     report = json.loads(capsys.readouterr().out)
+    jsonschema.validate(report, schemas.committed("determinism.schema.json"))
     assert report["deterministic"] is True and report["legs"] == 3
     assert [leg["matches_golden"] for leg in report["per_leg"]] == [3, 3, 3]

@@ -4,7 +4,6 @@ determinism probe (K legs of the recorded configuration in one process)."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from oracle_build.commands.common import (
 )
 from oracle_build.contracts.candidate import load_candidate, pair
 from oracle_build.contracts.golden import Golden, golden_file, load_golden, recorded
+from oracle_build.contracts.reports import DeterminismLeg, DeterminismReport, MarginReport
 from oracle_build.core import layout
 from oracle_build.core.errors import EXIT_OK, BadInput
 from oracle_build.models import recorded_model
@@ -37,7 +37,7 @@ def _session(golden: Golden, path: Path, home: Path, *,
 
 
 def margin(path: Path, prompt: str, position: int, *, home: Path,
-           candidate: Path | None = None, k: int = 20) -> dict[str, Any]:
+           candidate: Path | None = None, k: int = 20) -> MarginReport:
     """Teacher-forced top-k at ``position``: prompt ids + the golden's (or the candidate's)
     tokens before it, one new token, logprobs k, prefix caching off."""
     path = golden_file(path)
@@ -69,21 +69,20 @@ def margin(path: Path, prompt: str, position: int, *, home: Path,
                         "logprobs": k}}
     result = session.run([run], what="margin", name=g.id).require()
     topk = result.runs[0]["legs"][0][0]["topk"][0]
-    report: dict[str, Any] = {
+    fields: dict[str, Any] = {
         "golden": str(path), "prompt": g.id, "position": position,
         "prefix": prefix_source, "prefix_length": len(g.prompt_token_ids) + position,
         "topk": topk, "argmax": topk[0][0], "top2_margin_nats": judge.top2_margin(topk),
         "golden_token": g.token_ids[position] if position < len(g.token_ids) else None,
     }
     if candidate is not None:
-        report["candidate_token"] = cand_token
         gap = judge.margin(topk, topk[0][0], cand_token) if cand_token is not None else None
-        report["candidate_gap_nats"] = gap
-        report["candidate_gap_mnats"] = judge.to_mnats(gap)
-    return report
+        fields.update(candidate_token=cand_token, candidate_gap_nats=gap,
+                      candidate_gap_mnats=judge.to_mnats(gap))
+    return MarginReport.model_validate(fields)
 
 
-def determinism(path: Path, *, home: Path, legs: int = 5) -> dict[str, Any]:
+def determinism(path: Path, *, home: Path, legs: int = 5) -> DeterminismReport:
     """K legs of a golden's recorded configuration (or a spec's) in one process: per leg,
     matches against the golden and against leg 0; deterministic when every leg agrees."""
     golden: Golden | None = None
@@ -105,19 +104,20 @@ def determinism(path: Path, *, home: Path, legs: int = 5) -> dict[str, Any]:
     agreement = judge.legs_agreement(tokens, ids)
     per_leg = []
     for n, toks in enumerate(tokens):
-        entry: dict[str, Any] = {"leg": n, "matches_leg0": agreement.matches_leg0[n]}
+        leg = DeterminismLeg(leg=n, matches_leg0=agreement.matches_leg0[n])
         if golden is not None:
-            entry["matches_golden"] = sum(t == g.token_ids for t, g in
-                                          zip(toks, golden.prompts, strict=True))
-            entry["first_divergence_vs_golden"] = [
-                judge.first_divergence(g.token_ids, t)
-                for t, g in zip(toks, golden.prompts, strict=True)]
-        per_leg.append(entry)
-    return {"source": str(path), "legs": legs, "prompts": len(ids),
-            "deterministic": agreement.agree, "per_leg": per_leg,
-            "disagreements": agreement.disagreements,
-            "engine_start_seconds": result.start_seconds,
-            "leg_seconds": result.runs[0]["leg_seconds"]}
+            leg = DeterminismLeg(
+                leg=n, matches_leg0=agreement.matches_leg0[n],
+                matches_golden=sum(t == g.token_ids for t, g in
+                                   zip(toks, golden.prompts, strict=True)),
+                first_divergence_vs_golden=[judge.first_divergence(g.token_ids, t)
+                                            for t, g in zip(toks, golden.prompts, strict=True)])
+        per_leg.append(leg)
+    return DeterminismReport(source=str(path), legs=legs, prompts=len(ids),
+                             deterministic=agreement.agree, per_leg=per_leg,
+                             disagreements=agreement.disagreements,
+                             engine_start_seconds=result.start_seconds,
+                             leg_seconds=result.runs[0]["leg_seconds"])
 
 
 # ----------------------------------------------------------------------------- command line
@@ -154,21 +154,21 @@ def run_margin(args: argparse.Namespace) -> int:
     report = margin(Path(args.golden), args.prompt, args.position, home=home,
                     candidate=Path(args.candidate) if args.candidate else None, k=args.k)
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(report.model_dump_json(indent=2, exclude_unset=True))
         return EXIT_OK
-    print(f"{report['golden']} prompt {report['prompt']} position {report['position']} "
-          f"(teacher-forced on the {report['prefix']}'s prefix, prefix caching off)")
-    for rank, (tok, lp) in enumerate(report["topk"], start=1):
+    print(f"{report.golden} prompt {report.prompt} position {report.position} "
+          f"(teacher-forced on the {report.prefix}'s prefix, prefix caching off)")
+    for rank, (tok, lp) in enumerate(report.topk, start=1):
         marks = []
-        if tok == report.get("golden_token"):
+        if tok == report.golden_token:
             marks.append("golden")
-        if tok == report.get("candidate_token"):
+        if tok == report.candidate_token:
             marks.append("candidate")
         print(f"  {rank:>2}. token {tok:>7}  logprob {lp:+.6f}  {' '.join(marks)}")
-    m = report["top2_margin_nats"]
+    m = report.top2_margin_nats
     print(f"top-2 margin: {'n/a' if m is None else f'{m:.6f} nats'}")
-    if "candidate_gap_mnats" in report:
-        print(f"candidate gap: {report['candidate_gap_mnats']} mnats")
+    if report.candidate_gap_mnats is not None:
+        print(f"candidate gap: {report.candidate_gap_mnats} mnats")
     return EXIT_OK
 
 
@@ -177,13 +177,12 @@ def run_determinism(args: argparse.Namespace) -> int:
     home, _ = homes(args)
     report = determinism(Path(args.source), home=home, legs=args.legs)
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(report.model_dump_json(indent=2, exclude_unset=True))
     else:
-        for leg in report["per_leg"]:
-            extra = (f", matches golden {leg['matches_golden']}/{report['prompts']}"
-                     if "matches_golden" in leg else "")
-            print(f"leg {leg['leg']}: matches leg 0 {leg['matches_leg0']}/{report['prompts']}"
-                  + extra)
-        print(("DETERMINISTIC" if report["deterministic"] else "NON-DETERMINISTIC")
-              + f" under this configuration ({report['legs']} legs, one process)")
-    return EXIT_OK if report["deterministic"] else 1
+        for leg in report.per_leg:
+            extra = (f", matches golden {leg.matches_golden}/{report.prompts}"
+                     if leg.matches_golden is not None else "")
+            print(f"leg {leg.leg}: matches leg 0 {leg.matches_leg0}/{report.prompts}" + extra)
+        print(("DETERMINISTIC" if report.deterministic else "NON-DETERMINISTIC")
+              + f" under this configuration ({report.legs} legs, one process)")
+    return EXIT_OK if report.deterministic else 1

@@ -158,3 +158,44 @@ class ExplainReport(Strict):
     smallest_reproducing: dict[str, Any] | None
     answer: str
     tool: dict[str, Any]
+
+
+# ----------------------------------------------------------------------------- margin, determinism
+
+
+class MarginReport(Strict):
+    """`margin --json`: the teacher-forced top-k at one position of a golden's prompt (the
+    candidate's fields only with --candidate)."""
+
+    golden: str
+    prompt: str
+    position: int = Field(ge=0)
+    prefix: Literal["golden", "candidate"]
+    prefix_length: int = Field(ge=0)
+    topk: list[tuple[int, float]] = Field(min_length=1)  # best first
+    argmax: int
+    top2_margin_nats: float | None
+    golden_token: int | None  # None past the golden's last token
+    candidate_token: int | None = None
+    candidate_gap_nats: float | None = None  # None: outside the top-k
+    candidate_gap_mnats: int | None = None  # vllm.cpp's milli-nats (its marker outside)
+
+
+class DeterminismLeg(Strict):
+    leg: int = Field(ge=0)
+    matches_leg0: int = Field(ge=0)  # prompts whose tokens equal leg 0's
+    matches_golden: int | None = None  # a golden's legs only
+    first_divergence_vs_golden: list[int | None] | None = None
+
+
+class DeterminismReport(Strict):
+    """`determinism --json`: K legs of one configuration in one process."""
+
+    source: str
+    legs: int = Field(ge=1)
+    prompts: int = Field(ge=1)
+    deterministic: bool
+    per_leg: list[DeterminismLeg]
+    disagreements: list[dict[str, Any]]
+    engine_start_seconds: float | None
+    leg_seconds: list[float]

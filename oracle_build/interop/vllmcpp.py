@@ -221,7 +221,23 @@ def _row(values: np.ndarray, path: Path, where: str) -> list[int]:
     return row
 
 
-def read_battery(folder: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Battery:
+    """A vllm.cpp battery folder, read and checked: each prompt's ids, the oracle's greedy
+    tokens, its K runs (``greedy_dist.npy``) and their agreement, the candidate's ids (and
+    near-tie gaps) when the folder has them, the top-k rows, and every file read."""
+
+    prompts: list[list[int]]
+    tokens: list[list[int]]
+    legs: list[list[list[int]]]
+    agreement: judge.LegAgreement
+    candidate: dict[str, Any] | None  # our_ids.npy (neartie_gap_mnats.npy), as imported
+    files: dict[str, Path]
+    shape: tuple[int, int, int]  # N prompts, T positions, K runs
+    topk: TopKTable | None
+
+
+def read_battery(folder: Path) -> Battery:
     ids_path, dist_path = folder / "greedy_ids.npy", folder / "greedy_dist.npy"
     for p in (ids_path, dist_path):
         if not p.is_file():
@@ -287,8 +303,8 @@ def read_battery(folder: Path) -> dict[str, Any]:
                                       [len(t_) for t_ in tokens], topk_ids)
         files[TOPK_IDS], files[TOPK_LOGPROBS] = topk_ids, topk_lps
     agreement = judge.legs_agreement(legs, [f"p{i}" for i in range(n)])
-    return {"prompts": prompts, "tokens": tokens, "legs": legs, "agreement": agreement,
-            "candidate": candidate, "files": files, "shape": [n, t, k], "topk": table}
+    return Battery(prompts=prompts, tokens=tokens, legs=legs, agreement=agreement,
+                   candidate=candidate, files=files, shape=(n, t, k), topk=table)
 
 
 def _oracle_json(path: Path) -> tuple[dict[str, Any], OracleJson]:
@@ -334,8 +350,8 @@ def import_path(path: Path, *, name: str | None = None) -> Golden:
     oracle_file = (folder / "oracle.json") if path.is_dir() else path
     doc = _oracle_json(oracle_file) if oracle_file.is_file() else None
     files: dict[str, str] = {}
-    if battery:
-        files.update({k: sha256_file(v) for k, v in battery["files"].items()})
+    if battery is not None:
+        files.update({k: sha256_file(v) for k, v in battery.files.items()})
     if doc:
         files[oracle_file.name] = sha256_file(oracle_file)
     where = folder if path.is_dir() else path
@@ -377,28 +393,28 @@ def _from_oracle_json(raw: dict[str, Any], oj: OracleJson) -> _Half:
                     "hashes no file"})
 
 
-def _from_battery(battery: dict[str, Any]) -> _Half:
+def _from_battery(battery: Battery) -> _Half:
     return _Half(
         fmt="vllm.cpp-battery",
         oracle=StatedOracle(stated={}, note="a battery records no versions, pin or identity"),
         model=None, sampling={},
         prompts=[PromptRecord(id=f"p{i}", text=None, prompt_token_ids=ids,
-                              token_ids=battery["tokens"][i], output_text=None,
+                              token_ids=battery.tokens[i], output_text=None,
                               finish_reason=None, topk=None)
-                 for i, ids in enumerate(battery["prompts"])],
+                 for i, ids in enumerate(battery.prompts)],
         source_fields={},
         unrecorded={"model": "a battery records no model",
                     "sampling": "a battery records no sampling parameters"})
 
 
-def _same_story(prompts: list[PromptRecord], battery: dict[str, Any], path: Path) -> None:
+def _same_story(prompts: list[PromptRecord], battery: Battery, path: Path) -> None:
     """Our own export holds both halves: they must tell the same story."""
     for i, p in enumerate(prompts):
-        if i >= len(battery["prompts"]) or battery["prompts"][i] != p.prompt_token_ids \
-                or battery["tokens"][i] != p.token_ids:
+        if i >= len(battery.prompts) or battery.prompts[i] != p.prompt_token_ids \
+                or battery.tokens[i] != p.token_ids:
             raise BadInput(path, [(f"golden[{i}]", "oracle.json and the battery disagree "
                                    "on this prompt's ids or tokens")])
-    if len(battery["prompts"]) != len(prompts):
+    if len(battery.prompts) != len(prompts):
         raise BadInput(path, [("golden", "oracle.json and the battery hold different "
                                "numbers of prompts")])
 
@@ -427,16 +443,16 @@ def _engine_and_batch(cap: CaptureBlock | None, prompts: list[PromptRecord], leg
     return None, None
 
 
-def _legs(battery: dict[str, Any] | None, cap: CaptureBlock | None,
+def _legs(battery: Battery | None, cap: CaptureBlock | None,
           unrecorded: dict[str, str]) -> tuple[LegsRecord | None, bool | None,
                                                list[dict[str, Any]]]:
     """The repeated runs: (legs, non-deterministic, the cells where they differ)."""
     if battery is not None:
-        agreement = battery["agreement"]
+        agreement = battery.agreement
         legs = None
-        if len(battery["legs"]) >= 2:
-            legs = LegsRecord(count=len(battery["legs"]), agree=agreement.agree,
-                              tokens=battery["legs"], disagreements=agreement.disagreements)
+        if len(battery.legs) >= 2:
+            legs = LegsRecord(count=len(battery.legs), agree=agreement.agree,
+                              tokens=battery.legs, disagreements=agreement.disagreements)
         else:
             unrecorded["legs"] = "the battery holds a single run"
         return legs, not agreement.agree, agreement.cells
@@ -449,7 +465,7 @@ def _legs(battery: dict[str, Any] | None, cap: CaptureBlock | None,
 
 
 def _build(name: str, path: Path, doc: tuple[dict[str, Any], OracleJson] | None,
-           battery: dict[str, Any] | None, files: dict[str, str]) -> Golden:
+           battery: Battery | None, files: dict[str, str]) -> Golden:
     """One golden from oracle.json (``doc``), the battery files, or both (our own export)."""
     if doc is not None:
         half = _from_oracle_json(*doc)
@@ -460,7 +476,7 @@ def _build(name: str, path: Path, doc: tuple[dict[str, Any], OracleJson] | None,
         half = _from_battery(battery)
     cap = doc[1].capture if doc else None
     unrecorded = half.unrecorded
-    table = battery["topk"] if battery else None
+    table = battery.topk if battery is not None else None
     if table is None:
         unrecorded["topk"] = "the source records no logprobs"
     engine, batch = _engine_and_batch(cap, half.prompts, doc is not None, unrecorded)
@@ -476,7 +492,7 @@ def _build(name: str, path: Path, doc: tuple[dict[str, Any], OracleJson] | None,
     source = ImportRecord(format=half.fmt, path=str(path.resolve()), files=files,
                           imported_utc=utc_now(), tool=host.tool_facts(),
                           source_fields=half.source_fields,
-                          candidate=battery["candidate"] if battery else None)
+                          candidate=battery.candidate if battery is not None else None)
     golden = Golden(golden_schema=GOLDEN_SCHEMA, name=name, spec=None, oracle=half.oracle,
                     model=half.model, engine=engine, environment=None, sampling=half.sampling,
                     logprobs=None, batch=batch, legs=legs, nondeterministic=nondet,

@@ -23,7 +23,13 @@ def generated() -> dict[str, dict[str, Any]]:
         FileManifest,
         NumericsRecord,
     )
-    from oracle_build.contracts.reports import DiffReport, ExplainReport, VerifyReport
+    from oracle_build.contracts.reports import (
+        DeterminismReport,
+        DiffReport,
+        ExplainReport,
+        MarginReport,
+        VerifyReport,
+    )
     from oracle_build.contracts.wheelhouse import WheelhouseManifest
 
     return {"golden.schema.json": Golden.model_json_schema(by_alias=True, mode="validation"),
@@ -31,6 +37,8 @@ def generated() -> dict[str, dict[str, Any]]:
             "candidate.schema.json": Candidate.model_json_schema(mode="validation"),
             "explain.schema.json": ExplainReport.model_json_schema(mode="validation"),
             "diff.schema.json": DiffReport.model_json_schema(mode="validation"),
+            "margin.schema.json": MarginReport.model_json_schema(mode="validation"),
+            "determinism.schema.json": DeterminismReport.model_json_schema(mode="validation"),
             "build-record.schema.json": BuildRecord.model_json_schema(mode="validation"),
             "manifest.schema.json": FileManifest.model_json_schema(mode="validation"),
             "anchor.schema.json": Anchor.model_json_schema(mode="validation"),
