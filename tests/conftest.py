@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +23,14 @@ from oracle_build.core import layout
 from oracle_build.oracle_venv import uv
 
 REPO = Path(__file__).resolve().parent.parent
+
+# A shell that starts a job in the background without job control (`.ci/run &`, nohup) hands
+# it SIGINT ignored, and every process it starts inherits that: a SIGINT the kill tests send
+# would then be ignored by the build and capture they start, as by any process told to
+# ignore it. The tests are of what the tool does with a SIGINT it receives, so SIGINT is
+# handled here; a handler (unlike SIG_IGN) is reset to the default in each child at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 CPU_PIN = REPO / "pins" / "cpu.toml"
 GPU_PIN = REPO / "pins" / "vllm-555967922.toml"
 TINY_SPEC = REPO / "goldens" / "tiny-llama-greedy"
