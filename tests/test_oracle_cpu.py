@@ -220,7 +220,7 @@ def test_killed_build_leaves_no_oracle_and_recovers(cpu_oracle: BuiltOracle, tmp
     home = tmp_path / "home"
     proc = _start_build(home, cpu_oracle.wheelhouse)
     said = _kill_when(proc, marker, sig)
-    assert marker in said and proc.returncode != 0
+    assert marker in said  # killed inside the step, and ended by that signal
     assert proc.returncode == (-signal.SIGKILL if sig == signal.SIGKILL else 130)
     venv = layout.oracle_path(home, cpu_oracle.pin.key)
     assert not venv.exists()

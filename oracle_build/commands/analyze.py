@@ -104,15 +104,14 @@ def determinism(path: Path, *, home: Path, legs: int = 5) -> DeterminismReport:
     agreement = judge.legs_agreement(tokens, ids)
     per_leg = []
     for n, toks in enumerate(tokens):
-        leg = DeterminismLeg(leg=n, matches_leg0=agreement.matches_leg0[n])
+        against: dict[str, Any] = {}
         if golden is not None:
-            leg = DeterminismLeg(
-                leg=n, matches_leg0=agreement.matches_leg0[n],
-                matches_golden=sum(t == g.token_ids for t, g in
-                                   zip(toks, golden.prompts, strict=True)),
-                first_divergence_vs_golden=[judge.first_divergence(g.token_ids, t)
-                                            for t, g in zip(toks, golden.prompts, strict=True)])
-        per_leg.append(leg)
+            pairs = list(zip(toks, golden.prompts, strict=True))
+            against = {"matches_golden": sum(t == g.token_ids for t, g in pairs),
+                       "first_divergence_vs_golden": [judge.first_divergence(g.token_ids, t)
+                                                      for t, g in pairs]}
+        per_leg.append(DeterminismLeg(leg=n, matches_leg0=agreement.matches_leg0[n],
+                                      **against))
     return DeterminismReport(source=str(path), legs=legs, prompts=len(ids),
                              deterministic=agreement.agree, per_leg=per_leg,
                              disagreements=agreement.disagreements,

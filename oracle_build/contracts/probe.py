@@ -16,8 +16,6 @@ from pydantic import ConfigDict, Field
 
 from oracle_build.contracts.base import Strict
 
-PROBE_SCHEMA = 1
-
 
 class ProbePython(Strict):
     """The interpreter that answered: the venv's own, isolated (``-I``), in a neutral cwd."""
