@@ -14,7 +14,11 @@ not nox's blanket 1.
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import nox
@@ -177,9 +181,88 @@ def lock(session: nox.Session) -> None:
     _cli(session, "lock")
 
 
+# The system programs the suite runs, and the Debian/Ubuntu package of each: a real OCI
+# registry (distribution 2.8) and htpasswd for the oracle cache's tests, which start their
+# own registry on 127.0.0.1 (never the packaged service), and the browser the HTML report's
+# tests open the page in.
+SYSTEM_PROGRAMS = {"docker-registry": "docker-registry", "htpasswd": "apache2-utils",
+                   "chromium": "chromium"}
+# Debian's way to keep a package's postinst from starting its service (invoke-rc.d asks it)
+POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
+
+
+def missing_programs(which: Callable[[str], str | None] = shutil.which) -> dict[str, str]:
+    """The suite's system programs not on PATH: program -> the package that installs it."""
+    return {prog: pkg for prog, pkg in SYSTEM_PROGRAMS.items() if which(prog) is None}
+
+
+def _as_root() -> list[str] | None:
+    """The prefix that runs a command as root here: none when root, `sudo -n` when sudo
+    works without a password, else None (nothing can be installed)."""
+    if os.geteuid() == 0:
+        return []
+    sudo = shutil.which("sudo")
+    if sudo and subprocess.run([sudo, "-n", "true"], capture_output=True).returncode == 0:
+        return [sudo, "-n"]
+    return None
+
+
+def system_setup(log: Callable[[str], None]) -> int:
+    """Install the suite's missing system programs with apt-get (as root, or through `sudo
+    -n`), saying what and why; 0 when all are there after, else the preflight exit code
+    with each missing program and the command that installs it said."""
+    missing = missing_programs()
+    if not missing:
+        return 0
+    packages = sorted(set(missing.values()))
+    command = "sudo apt-get install " + " ".join(packages)
+    names = ", ".join(f"{prog} (package {pkg})" for prog, pkg in missing.items())
+    root = _as_root()
+    apt = shutil.which("apt-get")
+    if apt is None or root is None:
+        why = "no apt-get on this host" if apt is None else "not root, and `sudo -n` refused"
+        log(f"the tests need {names}, not found on PATH; {why}, so they are not installed "
+            f"here: install them (Debian/Ubuntu: `{command}`) and run again")
+        return EXIT_PREFLIGHT
+    log(f"the tests need {names}: installing {' '.join(packages)} with apt-get "
+        f"({'as root' if not root else 'through sudo -n'}); the registry's packaged service "
+        "is not started (the tests start their own on 127.0.0.1)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    policy = not POLICY_RC_D.exists()  # another tool's policy is left as it is
+    try:
+        if policy:  # exit 101: "action forbidden", so the postinst starts no service
+            subprocess.run([*root, "tee", str(POLICY_RC_D)], input=b"#!/bin/sh\nexit 101\n",
+                           stdout=subprocess.DEVNULL, check=True)
+            subprocess.run([*root, "chmod", "755", str(POLICY_RC_D)], check=True)
+        for argv in ([*root, apt, "update", "-qq"],
+                     [*root, apt, "install", "-y", "-qq",
+                      *packages]):
+            log("$ " + " ".join(argv))
+            if subprocess.run(argv, env=env, stdout=subprocess.DEVNULL).returncode != 0:
+                log(f"apt-get failed: install them by hand (`{command}`) and run again")
+                return EXIT_PREFLIGHT
+    finally:
+        if policy:
+            subprocess.run([*root, "rm", "-f", str(POLICY_RC_D)], check=False)
+    still = missing_programs()
+    if still:
+        log(f"still not on PATH after apt-get: {', '.join(still)}; install them "
+            f"(`{command}`) and run again")
+        return EXIT_PREFLIGHT
+    return 0
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """Run the tests, slow ones included (`-- -m "not slow"` for the fast ones only)."""
+    """Run the tests, slow ones included (`-- -m "not slow"` for the fast ones only).
+
+    First installs what the suite runs and Python cannot install: Debian's docker-registry,
+    apache2-utils (htpasswd) and chromium, with apt-get where they are missing (as root or
+    through `sudo -n`); elsewhere it stops (exit 6) naming each and how to install it.
+    """
+    code = system_setup(session.log)
+    if code:
+        raise SystemExit(code)
     _harness(session, "-e", ".[test]")
     _run(session, "pytest", *session.posargs)
 

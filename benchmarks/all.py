@@ -4,6 +4,7 @@ capture against a bare engine run, through the CLI and through nox; verify's own
 wheelhouse against install + first import; identity against a bare import).
 
     python benchmarks/all.py [--runs 3]
+    python benchmarks/all.py --quick          # each script's quick mode (CI)
 
 Each script's lines are shown as they come; the ratios are gathered at the end.
 """
@@ -23,16 +24,24 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="each script's --quick (CI's mode)")
+    ap.add_argument("--golden", type=Path, default=None, help="ci_speed.py's --golden")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="scratch folder; each script works in a folder of its own inside")
     args = ap.parse_args()
     ratios: list[str] = []
     start = time.monotonic()
-    for script, extra in (("ci_speed.py", []), ("recovery.py", ["--skip-cold"])):
-        proc = subprocess.Popen([sys.executable, str(HERE / script), "--runs", str(args.runs),
-                                 *extra], stdout=subprocess.PIPE, text=True)
+    golden = ["--golden", str(args.golden)] if args.golden else []
+    for script, extra in (("ci_speed.py", golden), ("recovery.py", ["--skip-cold"])):
+        mode = ["--quick"] if args.quick else ["--runs", str(args.runs)]
+        if args.work:
+            mode += ["--work", str(args.work / script.removesuffix(".py"))]
+        proc = subprocess.Popen([sys.executable, str(HERE / script), *mode, *extra],
+                                stdout=subprocess.PIPE, text=True)
         assert proc.stdout is not None
         for line in proc.stdout:
             print(line, end="", flush=True)
-            if "x  (target" in line or "(target <=" in line:
+            if "x  (target" in line or "(target <=" in line or "(quick" in line:
                 ratios.append(f"{script}: {line.strip()}")
         if proc.wait() != 0:
             print(f"{script} exited {proc.returncode}", file=sys.stderr)

@@ -1,6 +1,8 @@
 """The oracle cache, measured in one run against a real registry on this machine.
 
     python benchmarks/cache.py [--runs 3] [--big-gib 2.2] [--work DIR]
+    python benchmarks/cache.py --quick      # CI: one round, a 64 MiB blob for (m2); every
+                                            # figure still produced
 
 Needs the CPU oracle built in the default home (`nox` does it) and Debian's docker-registry.
 
@@ -73,8 +75,14 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--big-gib", type=float, default=2.2)
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--quick", action="store_true",
+                    help="CI's mode: one round, a 64 MiB blob for (m2); the oracle of "
+                    "ORACLE_BUILD_HOME")
     args = ap.parse_args()
+    if args.quick:
+        args.runs, args.big_gib = 1, 1 / 16
     work = args.work or Path(tempfile.mkdtemp(prefix="oracle-cache-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
     pin = load_pin(PIN)
     home = layout.default_home()
     if not layout.build_record_path(layout.oracle_path(home, pin.key)).is_file():

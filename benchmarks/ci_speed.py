@@ -2,6 +2,8 @@
 run doing the same engine work, and verify's own work on a large golden.
 
     python benchmarks/ci_speed.py [--runs 3] [--home H] [--skip-nox] [--skip-large]
+    python benchmarks/ci_speed.py --quick     # CI: one round, no warm-up, no nox, a small
+                                              # large golden; every figure still produced
 
 Rounds are paired: each round runs the bare process, the CLI and nox back to back, so a
 noisy minute slows all of them. Prints medians and ratios (of medians) against the bare run.
@@ -81,10 +83,10 @@ def ratio(xs: list[float], base: list[float]) -> float:
     return statistics.median(xs) / statistics.median(base)
 
 
-def bare_request(home: Path, legs: int, work: Path) -> tuple[Path, dict[str, str], Path]:
-    """The request verify's engine runs for the bundled golden (``legs`` legs), its
+def bare_request(home: Path, legs: int, work: Path,
+                 path: Path = GOLDEN / "golden.json") -> tuple[Path, dict[str, str], Path]:
+    """The request verify's engine runs for the golden at ``path`` (``legs`` legs), its
     environment, and the oracle's python."""
-    path = GOLDEN / "golden.json"
     rec = recorded(load_golden(path), path)
     pin = goldens.golden_pin(rec, path, unpack_to=layout.pins_dir(home))
     oracle = open_oracle(pin, rec.oracle.target, home)
@@ -104,8 +106,21 @@ def main() -> int:
     ap.add_argument("--home", type=Path, default=layout.default_home())
     ap.add_argument("--skip-nox", action="store_true")
     ap.add_argument("--skip-large", action="store_true")
+    ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a new "
+                    "temporary one)")
+    ap.add_argument("--golden", type=Path, default=GOLDEN / "golden.json",
+                    help="the golden verify runs (default: the bundled one; on a host of "
+                    "another CPU kernel variant, one captured there)")
+    ap.add_argument("--quick", action="store_true",
+                    help="CI's mode: one round, no warm-up, no nox, a 50 x 32 x top-20 "
+                    "large golden; the same code paths, and it fails when a figure cannot "
+                    "be produced")
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="oracle-ci-speed-"))
+    if args.quick:
+        args.runs, args.skip_nox = 1, True
+    large = (50, 32, 20) if args.quick else (2000, 256, 20)
+    work = args.work or Path(tempfile.mkdtemp(prefix="oracle-ci-speed-"))
+    work.mkdir(parents=True, exist_ok=True)
     neutral = work / "neutral"
     neutral.mkdir()
     cli = [sys.executable, "-m", "oracle_build"]
@@ -116,11 +131,13 @@ def main() -> int:
     results: dict[str, object] = {}
 
     # warm-up (page cache, nox's venv), not counted
-    req1, env, python = bare_request(args.home, 1, work)
-    req2, _, _ = bare_request(args.home, 2, work)
-    timed([*cli, "verify", str(GOLDEN), "--home", str(args.home)])
+    req1, env, python = bare_request(args.home, 1, work, args.golden)
+    req2, _, _ = bare_request(args.home, 2, work, args.golden)
+    golden = str(args.golden)
+    if not args.quick:
+        timed([*cli, "verify", golden, "--home", str(args.home)])
     if not args.skip_nox:
-        timed([*nox, "verify", "--", str(GOLDEN), "--home", str(args.home)])
+        timed([*nox, "verify", "--", golden, "--home", str(args.home)])
 
     rows: dict[str, list[float]] = {k: [] for k in (
         "bare_1leg", "verify_cli", "verify_nox", "bare_2legs", "capture_cli", "capture_nox")}
@@ -128,10 +145,10 @@ def main() -> int:
     for n in range(args.runs):
         rows["bare_1leg"].append(timed([str(python), "-I", "-c", BARE, str(req1)], env=env,
                                        cwd=neutral))
-        rows["verify_cli"].append(timed([*cli, "verify", str(GOLDEN), "--home",
+        rows["verify_cli"].append(timed([*cli, "verify", golden, "--home",
                                          str(args.home)]))
         if not args.skip_nox:
-            rows["verify_nox"].append(timed([*nox, "verify", "--", str(GOLDEN), "--home",
+            rows["verify_nox"].append(timed([*nox, "verify", "--", golden, "--home",
                                              str(args.home)]))
         rows["bare_2legs"].append(timed([str(python), "-I", "-c", BARE, str(req2)], env=env,
                                         cwd=neutral))
@@ -164,7 +181,7 @@ def main() -> int:
     if not args.skip_large:
         from benchmarks.large_golden import make
 
-        f1 = make(work / "large1" / "golden.json")
+        f1 = make(work / "large1" / "golden.json", *large)
         start = time.monotonic()
         g1 = load_golden(f1)
         f1_load = time.monotonic() - start
@@ -191,8 +208,9 @@ def main() -> int:
                                                new, rec.logprobs) is None
             es.append(time.monotonic() - start)
         sizes = sum(p.stat().st_size for p in f2.parent.iterdir()) / 1e6
-        print(f"(5) verify's own work, 2000x256xtop-20, format 2 ({sizes:.0f} MB): {fmt(es)}"
-              "  (target <= 2 s)")
+        shape = "x".join(map(str, large[:2])) + f"xtop-{large[2]}"
+        print(f"(5) verify's own work, {shape}, format 2 ({sizes:.0f} MB): {fmt(es)}"
+              + ("  (target <= 2 s)" if not args.quick else "  (quick: no target)"))
         print(f"    format 1 (JSON top-k, {f1.stat().st_size / 1e6:.0f} MB): loading alone "
               f"{f1_load:.2f} s (1 run)")
         results.update(large_format2_s=es, large_format1_load_s=f1_load)

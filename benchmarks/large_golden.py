@@ -1,5 +1,11 @@
 """Make a large synthetic golden (default 2,000 prompts x 256 tokens x top-20) from the
-committed tiny golden's records, for measuring verify's own overhead."""
+committed tiny golden's records, for measuring verify's own overhead.
+
+    python benchmarks/large_golden.py OUT/golden.json [PROMPTS TOKENS K]
+
+The file it writes holds its top-k rows inline (format 1's way, and format 2's without a
+sidecar): the bundled golden's record names a top-k sidecar, which this file does not have,
+so that reference is dropped. The result is loaded (validated) before it is reported."""
 
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ def make(dest: Path, prompts: int = 2000, tokens: int = 256, k: int = 20) -> Pat
         recs.append({"id": f"p{i}", "text": None, "prompt_token_ids": [5, 6, 7, i % 300],
                      "token_ids": toks, "output_text": "", "finish_reason": "length",
                      "topk": topk})
+    base["topk"] = None  # the rows are inline: no sidecar (a record naming one is refused)
     base["prompts"] = recs
     base["legs"]["tokens"] = [[r["token_ids"] for r in recs]] * 2
     base["batch"]["calls"] = [[r["id"]] for r in recs]
@@ -36,7 +43,13 @@ def make(dest: Path, prompts: int = 2000, tokens: int = 256, k: int = 20) -> Pat
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python benchmarks/large_golden.py OUT/golden.json")
-    out = make(Path(sys.argv[1]))
-    print(out, out.stat().st_size)
+    if len(sys.argv) not in (2, 5):
+        raise SystemExit("usage: python benchmarks/large_golden.py OUT/golden.json "
+                         "[PROMPTS TOKENS K]")
+    sizes = [int(a) for a in sys.argv[2:]]
+    out = make(Path(sys.argv[1]), *sizes)
+    sys.path.insert(0, str(REPO))
+    from oracle_build.contracts.golden import load_golden
+
+    golden = load_golden(out)  # a file verify refuses is no benchmark input
+    print(out, out.stat().st_size, f"{len(golden.prompts)} prompts")

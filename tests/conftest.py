@@ -61,14 +61,39 @@ def site_packages(venv: Path) -> Path:
     return site.resolve()
 
 
-@pytest.fixture(autouse=True)
-def _free_disk_after_each_test(request: pytest.FixtureRequest) -> Iterator[None]:
-    """An oracle venv is 3 GB of copied files: a test's temporary folder goes when the test
-    ends (pytest would keep three sessions' worth), so the suite fits a CI disk."""
-    path = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
-    yield
-    if path is not None:
-        shutil.rmtree(path, ignore_errors=True)
+# A passing test's tmp_path goes at its teardown and a failing one's is kept for inspection
+# (pyproject.toml: tmp_path_retention_policy = "failed"; an oracle is 3.4 GB).
+
+# Per-test time limits (pytest-timeout, pyproject.toml's default for a test that starts an
+# engine or two): a hang fails that test, with its stack, not the whole run. The session
+# fixtures build in whichever test first asks for them: that test gets the build's budget.
+FIRST_BUILD_TIMEOUT = 3600
+FILE_TIMES: dict[str, float] = {}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    first = next((i for i in items if "cpu_oracle" in getattr(i, "fixturenames", ())), None)
+    if first is not None:
+        marker = first.get_closest_marker("timeout")
+        own = float(marker.args[0]) if marker and marker.args else 0.0
+        first.add_marker(pytest.mark.timeout(FIRST_BUILD_TIMEOUT + own))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    FILE_TIMES[path] = FILE_TIMES.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Wall time per test file (setup, call and teardown of its tests; a session fixture's
+    build counts in the file whose test first asked for it), beside --durations."""
+    if not FILE_TIMES:
+        return
+    terminalreporter.write_sep("=", "time per test file")
+    for path, seconds in sorted(FILE_TIMES.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.1f}s  {path}")
+    terminalreporter.write_line(f"{sum(FILE_TIMES.values()):8.1f}s  all files")
 
 
 @pytest.fixture(autouse=True)

@@ -197,3 +197,27 @@ def test_two_pins_fitting_this_host_equally_are_an_error(
     err = capsys.readouterr().err
     assert "several pins under pins/ fit this host" in err
     assert "pins/cpu.toml" in err and "pins/cpu-0.31.toml" in err
+
+
+def test_tests_session_names_what_it_cannot_install(tmp_path: Path) -> None:
+    """The README's test command on a host where the suite's system programs are missing and
+    cannot be installed (no apt-get on PATH): it stops before any test with the preflight
+    exit code, naming each program, its package and the command. Real nox, the real
+    noxfile; a PATH holding none of them (nor apt-get). Where they are missing and apt-get
+    works, the same session installs them: CI's `.ci/run` installs nothing itself."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    done = subprocess.run([sys.executable, "-m", "nox", "--no-venv", "-s", "tests"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={"PATH": str(empty), "HOME": str(tmp_path)})
+    said = done.stdout + done.stderr
+    assert done.returncode == 6, said
+    for prog, pkg in (("docker-registry", "docker-registry"), ("htpasswd", "apache2-utils"),
+                      ("chromium", "chromium")):
+        assert f"{prog} (package {pkg})" in said, said
+    assert "no apt-get on this host" in said
+    assert "sudo apt-get install apache2-utils chromium docker-registry" in said
+    assert "nox > pytest" not in said  # stopped before any test
+    import noxfile
+    assert noxfile.missing_programs(lambda prog: "/usr/bin/" + prog) == {}
+    assert noxfile.missing_programs(lambda prog: None) == noxfile.SYSTEM_PROGRAMS

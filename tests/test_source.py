@@ -4,9 +4,7 @@ at a commit several commits past a tag."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,87 +14,13 @@ from oracle_build.build import source, steps
 from oracle_build.contracts.pins import load_pin
 from oracle_build.core import layout
 from oracle_build.core.errors import BadInput, SourceError
-from tests.conftest import git_pin_text, planned_and_executed
-
-SETUP_PY = """
-from setuptools import Extension, setup
-setup(ext_modules=[Extension("vllm._C", ["csrc/ops.c"])])
-"""
-PYPROJECT = """
-[build-system]
-requires = ["setuptools>=77", "setuptools-scm>=8"]
-build-backend = "setuptools.build_meta"
-
-[project]
-name = "vllm"
-dynamic = ["version"]
-
-[tool.setuptools]
-packages = ["vllm"]
-
-[tool.setuptools_scm]
-"""
-OPS_C = """
-#include <Python.h>
-static PyObject *selftest(PyObject *self, PyObject *args) { return PyLong_FromLong(42); }
-static PyMethodDef methods[] = {{"selftest", selftest, METH_NOARGS, ""}, {NULL, NULL, 0, NULL}};
-static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_C", NULL, -1, methods};
-PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&mod); }
-"""
-INIT_PY = """
-from importlib.metadata import version as _v
-__version__ = _v("vllm")
-"""
-
-
-def git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
-                          text=True, env=env).stdout.strip()
-
-
-@dataclass
-class Repo:
-    path: Path
-    pinned: str  # 3 commits after tag v0.1.0; one more commit follows it
-    version: str
+from tests.conftest import planned_and_executed
+from tests.srcpkg import Repo, git, make_repo, write_pin
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Repo:
-    path = tmp_path_factory.mktemp("src") / "pkg"
-    (path / "vllm").mkdir(parents=True)
-    (path / "csrc").mkdir()
-    (path / "requirements").mkdir()
-    subprocess.run(["git", "init", "-q", "-b", "main", str(path)], check=True)
-    (path / "setup.py").write_text(SETUP_PY)
-    (path / "pyproject.toml").write_text(PYPROJECT)
-    (path / "csrc" / "ops.c").write_text(OPS_C)
-    (path / "vllm" / "__init__.py").write_text(INIT_PY)
-    (path / "requirements" / "build.txt").write_text(
-        "# build deps, like vLLM's\nsetuptools>=77\nsetuptools-scm>=8\nwheel\ntorch==2.13.0\n")
-    git(path, "add", "-A")
-    git(path, "commit", "-qm", "initial")
-    git(path, "tag", "v0.1.0")
-    for n in range(3):
-        (path / f"change{n}.txt").write_text(str(n))
-        git(path, "add", "-A")
-        git(path, "commit", "-qm", f"change {n}")
-    pinned = git(path, "rev-parse", "HEAD")
-    (path / "later.txt").write_text("after the pin")
-    git(path, "add", "-A")
-    git(path, "commit", "-qm", "after the pin")
-    # setuptools-scm abbreviates the commit to 9 hex digits, as vLLM's +g555967922 does
-    return Repo(path, pinned, f"0.1.1.dev3+g{pinned[:9]}")
-
-
-def write_pin(tmp_path: Path, repo: Repo, *, commit: str | None = None,
-              repository: str | None = None, version: str | None = None) -> Path:
-    path = tmp_path / "srcpkg.toml"
-    path.write_text(git_pin_text(repository or str(repo.path), commit or repo.pinned,
-                                 version or repo.version))
-    return path
+    return make_repo(tmp_path_factory.mktemp("src") / "pkg")
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,10 @@ import pytest
 from oracle_build import build
 from oracle_build.build.wheelhouse import Wheelhouse
 from oracle_build.contracts.pins import load_pin
+from oracle_build.core import env as envmod
 from oracle_build.core import layout
 from oracle_build.core.errors import BadInput
+from oracle_build.oracle_venv import uv
 from tests.conftest import CPU_PIN, BuiltOracle
 
 pytestmark = pytest.mark.slow
@@ -25,6 +28,17 @@ def linked_copy(src: Path, dest: Path) -> None:
     for f in src.iterdir():
         if f.is_file():
             os.link(f, dest / f.name)
+
+
+def uv_cache_bytes() -> tuple[Path, int]:
+    """uv's cache as a build's uv sees it (the build environment: UV_* scrubbed), and the
+    bytes it holds."""
+    env = {**envmod.build_env(), **envmod.UV}
+    where = Path(subprocess.run([uv(), "cache", "dir"], env=env, capture_output=True,
+                                text=True, check=True).stdout.strip())
+    total = sum(f.lstat().st_size for f in where.rglob("*") if f.is_file()) \
+        if where.exists() else 0
+    return where, total
 
 
 def record(venv: Path) -> dict[str, object]:
@@ -44,8 +58,15 @@ def test_rebuild_installs_the_same_set_and_tampered_wheel_is_refused(
     tampered.write_bytes(tampered_bytes)
     tampered.replace(victim)  # a new inode: the shared wheelhouse is untouched
     home = tmp_path / "home"
+    # the second oracle into a fresh home (the session's is the first), from a wheelhouse at
+    # a path uv has never seen: uv's own cache must not gain an unpacked oracle (issue 35;
+    # before the build had a cache of its own, it grew by 3.4 GB here)
+    cache, before = uv_cache_bytes()
     outcome = build.build_oracle(pin, "cpu", home=home, wheelhouse_root=wh_root)
     assert outcome.identity.ok
+    _, after = uv_cache_bytes()
+    assert after - before < 8 * 2**20, f"{cache} grew by {(after - before) / 2**20:.0f} MiB"
+    assert not any((home / "staging").glob("*/uv-cache"))  # the build's own cache is gone
     rejected = list((wh_root / pin.key / "rejected").iterdir())
     assert [r.name.split(".whl")[0] for r in rejected] == [victim.name.split(".whl")[0]]
     rec = record(layout.oracle_path(home, pin.key))

@@ -160,12 +160,22 @@ def rust_switches(decision: str | None) -> tuple[dict[str, str], tuple[str, ...]
     return {}, ()
 
 
-def _uv(*args: str, when: str | None = None) -> Cmd:
+def _uv(*args: str, cache: Path | None = None, when: str | None = None) -> Cmd:
     """A uv command. Every install into the oracle venv compiles its bytecode there and then
     (checked-hash pycs: SOURCE_DATE_EPOCH makes py_compile write them), so the manifest holds
-    every .pyc Python will load and Python never writes one later."""
+    every .pyc Python will load and Python never writes one later.
+
+    ``cache``: for an offline install from local wheel files (the wheelhouse, the built vLLM
+    wheel), a uv cache of the install's own inside the staging folder, which the build
+    removes after each step (``steps.run``). uv keys a local wheel by its path, so the shared
+    cache (~/.cache/uv) would gain a whole unpacked oracle (3.4 GB) for every new home or
+    wheelhouse path, while the wheelhouse already is the cache. On the staging venv's file
+    system uv hard-links from it; once the step removes it, the venv's files are its own.
+    Installs that download (torch from its index, build requirements) keep the shared cache,
+    keyed by URL, so a second build does not download them again."""
     if args[:2] == ("pip", "install"):
-        return Cmd([uv(), *args[:2], "--compile-bytecode", *args[2:]],
+        own = ["--cache-dir", str(cache), "--link-mode", "hardlink"] if cache else []
+        return Cmd([uv(), *args[:2], "--compile-bytecode", *own, *args[2:]],
                    env={**envmod.UV, **envmod.BYTECODE}, when=when)
     return Cmd([uv(), *args], env=dict(envmod.UV), when=when)
 
@@ -216,9 +226,10 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
     from_wheelhouse = False
     facts: CheckoutFacts | None = None
     wheel_unset: tuple[str, ...] = ()
+    cache = layout.uv_cache_dir(staging)
     lock_install = _uv("pip", "install", "--python", py, "--offline", "--no-index",
                        "--find-links", str(wh.root), "--no-deps", "--require-hashes",
-                       "-r", str(files("requirements.lock.txt")))
+                       "-r", str(files("requirements.lock.txt")), cache=cache)
 
     steps.append(Step("preflight", "disk space, Python, host memory; for CUDA the toolkit, "
                       "nvcc and driver; for ROCm hipcc, its HIP version and the amdgpu driver",
@@ -323,7 +334,8 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
         if pin.lock_entries is not None:
             steps.append(fetch)
             install_cmds = [_uv("pip", "install", "--python", py, "--offline", "--no-index",
-                                "--find-links", str(wheel_dir), "--no-deps", vllm_req),
+                                "--find-links", str(wheel_dir), "--no-deps", vllm_req,
+                                cache=cache),
                             lock_install]
             about = "from the lock, offline"
         else:

@@ -40,7 +40,7 @@ from oracle_build.core.errors import (
     Unestablished,
 )
 from oracle_build.core.files import dumps_json, sha256_file
-from oracle_build.core.layout import utc_now
+from oracle_build.core.layout import utc_now, uv_cache_dir
 from oracle_build.core.log import Steps, say
 from oracle_build.oracle_venv import uv
 
@@ -392,7 +392,10 @@ def run(p: Plan) -> identity.Identity:
     try:
         for step in p.steps:
             with state.steps.step(step.name):
-                step.action(state, step)
+                try:
+                    step.action(state, step)
+                finally:  # an install's unpacked wheels: the wheelhouse keeps the wheels
+                    shutil.rmtree(uv_cache_dir(p.staging), ignore_errors=True)
     except BaseException as exc:
         if p.staging.exists():
             say(f"build stopped in step {state.steps.current}/{len(p.steps)}; the staging "

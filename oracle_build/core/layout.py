@@ -73,6 +73,12 @@ def staging_dir(home: Path, pin_key: str) -> Path:
     return home / "staging" / f"{pin_key}.{stamp()}-{os.getpid()}"
 
 
+def uv_cache_dir(staging: Path) -> Path:
+    """The build's own uv cache, inside its staging folder: removed after every step, so
+    neither ~/.cache/uv nor a kept staging folder holds a second unpacked oracle."""
+    return staging / "uv-cache"
+
+
 def set_aside(home: Path, why: str, pin_key: str) -> Path:
     """A place to move an oracle that is not (or no longer) the one in use: replaced/ or
     incomplete/."""

@@ -1,0 +1,109 @@
+"""Benchmarks that cannot rot: every script under benchmarks/ runs here in its quick mode
+(one round, small sizes), through the same code paths as its full mode, and each figure it
+prints is read back as a number. A script that cannot produce a figure fails its test.
+The full modes stay commands people run by hand (docs/performance.md)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from oracle_build.contracts.golden import load_golden
+from tests.conftest import REPO, BuiltOracle
+
+BENCH = REPO / "benchmarks"
+SECONDS = re.compile(r"median +([0-9.]+) s")
+RATIO = re.compile(r"([0-9.]+)x")
+
+
+def bench(script: str, *args: str, env: dict[str, str] | None = None,
+          timeout: float = 1500) -> str:
+    done = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    return done.stdout
+
+
+def figure(out: str, label: str, pattern: re.Pattern[str] = SECONDS) -> float:
+    """The number on the line starting with ``label``: it must be there, and positive."""
+    line = next((ln for ln in out.splitlines() if ln.strip().startswith(label)), None)
+    assert line is not None, f"no {label!r} figure:\n{out[-3000:]}"
+    found = pattern.search(line)
+    assert found is not None, line
+    value = float(found.group(1))
+    assert value > 0, line
+    return value
+
+
+def test_large_golden_makes_a_golden_verify_reads(tmp_path: Path) -> None:
+    """The bundled golden's record names a top-k sidecar; the generated file holds its rows
+    inline, and is a golden the tool loads (it was refused before: the rot this test found)."""
+    out = bench("large_golden.py", str(tmp_path / "g" / "golden.json"), "7", "5", "20")
+    assert "7 prompts" in out
+    golden = load_golden(tmp_path / "g" / "golden.json")
+    assert [len(p.token_ids) for p in golden.prompts] == [5] * 7
+    assert all(len(row) == 20 for p in golden.prompts for row in p.topk)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_speed_and_recovery_quick(cpu_oracle: BuiltOracle, host_golden: Path,
+                                  tmp_path: Path) -> None:
+    """all.py --quick: ci_speed.py (a bare engine run, verify, capture, verify's own work)
+    and recovery.py (a rebuild from the wheelhouse, the floor install, identity). Slow: a
+    rebuild (an oracle install) and four engine starts are what these figures measure."""
+    out = bench("all.py", "--quick", "--golden", str(host_golden), "--work",
+                str(tmp_path / "work"),
+                env={"ORACLE_BUILD_HOME": str(cpu_oracle.home),
+                     "ORACLE_BUILD_WHEELHOUSE": str(cpu_oracle.wheelhouse)})
+    for label in ("(1) bare engine run", "(2) verify, CLI", "(4) bare engine run",
+                  "capture, CLI", "(5) verify's own work", "(b) rebuild", "(c) floor",
+                  "(d) identity check", "bare `import vllm`"):
+        figure(out, label)
+    figure(out, "(d') identity --deep", RATIO)
+    figure(out, "ratio: ", RATIO)
+    figure(out, "ratio (b)/(c)", RATIO)
+    shutil.rmtree(tmp_path / "work", ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_cache_quick(cpu_oracle: BuiltOracle, tmp_path: Path) -> None:
+    """cache.py --quick against a real registry: push twice, a recovery from it and its
+    floor, the peak RSS of a pull and of one blob. Slow: a push of the oracle's 1.3 GB and a
+    recovery (an oracle install) are what it measures."""
+    out = bench("cache.py", "--quick", "--work", str(tmp_path / "work"),
+                env={"ORACLE_BUILD_HOME": str(cpu_oracle.home)})
+    for label in ("(p1) push", "(p2) push again"):
+        line = next(ln for ln in out.splitlines() if ln.startswith(label))
+        assert float(line.split()[-2]) > 0, line
+    figure(out, "(r) recovery")
+    figure(out, "(f) floor")
+    figure(out, "ratio (r)/(f)", RATIO)
+    for label in ("(m1) peak RSS", "(m2) one"):
+        line = next(ln for ln in out.splitlines() if ln.startswith(label))
+        assert re.search(r"[0-9]+ MB", line), line
+    assert "same size" in out
+
+
+@pytest.mark.slow
+def test_reliability_quick(tmp_path: Path) -> None:
+    """reliability.py --quick: the fuzz suite and the fast fault case, their counts rendered
+    into a copy of docs/reliability.md between its markers (the page itself is untouched).
+    Slow: a pytest run of its own."""
+    doc = tmp_path / "reliability.md"
+    shutil.copy2(REPO / "docs" / "reliability.md", doc)
+    before = (REPO / "docs" / "reliability.md").read_text()
+    out = bench("reliability.py", "--quick", "--doc", str(doc), timeout=900)
+    text = doc.read_text()
+    assert "**all readers**" in out and "no shell anywhere" in text
+    tried = re.search(r"\| \*\*all readers\*\* \| \*\*([0-9]+)\*\* \|", text)
+    assert tried is not None and int(tried.group(1)) > 0
+    assert (REPO / "docs" / "reliability.md").read_text() == before
