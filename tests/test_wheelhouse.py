@@ -73,6 +73,11 @@ def test_rebuild_installs_the_same_set_and_tampered_wheel_is_refused(
     assert rec["origin"] == "fetched"  # the refused wheel was downloaded again
     first = record(cpu_oracle.venv)
     assert rec["distributions"] == first["distributions"]  # same names, versions, sha256
+    # the same pin, installed twice: the same content fingerprint (every file's path and
+    # sha256; moved here from test_oracle_cpu, whose damaged oracles are now linked copies)
+    anchor = lambda venv: json.loads(  # noqa: E731
+        (venv.parent / f"{venv.name}.anchor.json").read_text())["content_fingerprint"]
+    assert anchor(layout.oracle_path(home, pin.key)) == anchor(cpu_oracle.venv)
     # and the wheelhouse is whole again: every locked wheel there, its bytes the lock's (the
     # next build takes them offline, as a rebuild from a whole wheelhouse does: origin
     # `wheelhouse`, test_oracle_cpu's drift test), the downloaded one among them
