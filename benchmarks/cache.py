@@ -117,8 +117,11 @@ def main() -> int:
         for n in range(args.runs):
             fresh = work / f"home-r{n}"
             renv = {**os.environ, "XDG_CACHE_HOME": str(work / f"xdg-r{n}")}
+            # a fresh home and a wheelhouse of its own (never ORACLE_BUILD_WHEELHOUSE's):
+            # every wheel comes from the registry
             rs.append(timed([*CLI, "build", "--cache", ref, "--trusted-keys", str(trusted),
-                             "--home", str(fresh)], env=renv))
+                             "--home", str(fresh), "--wheelhouse", str(fresh / "wheelhouse")],
+                            env=renv))
             shutil.rmtree(fresh)
             shutil.rmtree(work / f"xdg-r{n}", ignore_errors=True)
             # the floor: plain fetch, the same install, the first import
@@ -154,7 +157,8 @@ def main() -> int:
         m1, m1s = rss_of(
             "from oracle_build.cli import main\n"
             f"assert main(['pull', '--cache', {ref!r}, '--trusted-keys', {str(trusted)!r}, "
-            f"'--home', {str(work / 'home-m1')!r}]) == 0")
+            f"'--home', {str(work / 'home-m1')!r}, "
+            f"'--wheelhouse', {str(work / 'home-m1' / 'wheelhouse')!r}]) == 0")
         print(f"(m1) peak RSS, pull of the CPU oracle ({len(layers)} wheels): {m1:.0f} MB "
               f"({m1s:.1f} s)  (target <= 150 MB)", flush=True)
         shutil.rmtree(work / "home-m1", ignore_errors=True)

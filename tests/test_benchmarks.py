@@ -80,7 +80,8 @@ def test_cache_quick(cpu_oracle: BuiltOracle, tmp_path: Path) -> None:
     floor, the peak RSS of a pull and of one blob. Slow: a push of the oracle's 1.3 GB and a
     recovery (an oracle install) are what it measures."""
     out = bench("cache.py", "--quick", "--work", str(tmp_path / "work"),
-                env={"ORACLE_BUILD_HOME": str(cpu_oracle.home)})
+                env={"ORACLE_BUILD_HOME": str(cpu_oracle.home),
+                     "ORACLE_BUILD_WHEELHOUSE": str(cpu_oracle.wheelhouse)})
     for label in ("(p1) push", "(p2) push again"):
         line = next(ln for ln in out.splitlines() if ln.startswith(label))
         assert float(line.split()[-2]) > 0, line
