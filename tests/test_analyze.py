@@ -70,6 +70,7 @@ def test_bad_candidate(tmp_path: Path, capsys: pytest.CaptureFixture[str],
 @pytest.mark.slow
 def test_margin_teacher_forced(cpu_oracle: BuiltOracle, host_golden: Path, tmp_path: Path,
                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     golden = load_golden(host_golden)
     p = golden.prompts[0]
     rows = golden.prompt_topk(0)
@@ -91,6 +92,7 @@ def test_margin_teacher_forced(cpu_oracle: BuiltOracle, host_golden: Path, tmp_p
 @pytest.mark.slow
 def test_determinism_probe(cpu_oracle: BuiltOracle, host_golden: Path,
                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     assert main(["determinism", str(host_golden), "--legs", "3", "--json", "--home",
                  str(cpu_oracle.home)]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -331,6 +331,7 @@ def _publish(p: Pushed, manifest: dict[str, object], *, tag: str, key_file: Path
 
 @slow
 def test_push_is_complete_signed_and_not_uploaded_twice(pushed: Pushed) -> None:
+    """Slow: needs the session's real CPU oracle (built once per run); its own work is seconds."""
     first = pushed.first
     assert first.signed_by == "ci-builder-1" and not first.already
     lock = pushed.oracle.pin.require_lock()
@@ -589,6 +590,7 @@ def _kill_when(args: list[str], pattern: str, env: dict[str, str]) -> tuple[str,
 @slow
 def test_killed_push_and_pull_leave_nothing_to_take(pushed: Pushed, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Slow: needs the session's real CPU oracle (built once per run); its own work is seconds."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORACLE_BUILD_CACHE")}
     # a pull killed mid-stream: no partial wheel in the wheelhouse, and the next pull takes
     # what is missing

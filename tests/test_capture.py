@@ -75,6 +75,7 @@ def test_generated_model_is_pinned_by_spec() -> None:
 
 @pytest.mark.slow
 def test_golden_carries_everything(captured: Captured) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     golden = load_golden(captured.golden_path)
     data = json.loads(captured.golden_path.read_text())
     venv = captured.oracle.venv
@@ -140,6 +141,7 @@ def test_golden_carries_everything(captured: Captured) -> None:
 
 @pytest.mark.slow
 def test_committed_golden_recaptures_token_identically(captured: Captured) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     new = load_golden(captured.golden_path)
     committed = load_golden(TINY_SPEC)
     assert [p.prompt_token_ids for p in new.prompts] == [
@@ -149,6 +151,7 @@ def test_committed_golden_recaptures_token_identically(captured: Captured) -> No
 
 @pytest.mark.slow
 def test_overwrite_refused_and_replace_keeps_old(captured: Captured) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     out = captured.golden_path.parent.parent
     before = captured.golden_path.read_bytes()
     with pytest.raises(Refused, match="never overwritten"):
@@ -159,6 +162,8 @@ def test_overwrite_refused_and_replace_keeps_old(captured: Captured) -> None:
 @pytest.mark.slow
 def test_changed_model_file_is_exit_13(cpu_oracle: BuiltOracle, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Slow: needs the session's real CPU oracle; the capture stops at the model check, before
+    any engine."""
     model = tmp_path / "model"
     tinymodel.generate(model)
     cfg = json.loads((model / "tokenizer_config.json").read_text())
@@ -181,6 +186,7 @@ def test_changed_model_file_is_exit_13(cpu_oracle: BuiltOracle, tmp_path: Path,
 def test_default_capture_writes_a_fresh_folder_and_never_the_committed_golden(
         captured: Captured) -> None:
     # `captured` ran `capture` with no spec from the repository (see conftest)
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     path = captured.golden_path
     stamp_dir = path.parent.parent
     assert stamp_dir.parent == captured.oracle.home / "captures"
@@ -200,6 +206,7 @@ def test_default_capture_writes_a_fresh_folder_and_never_the_committed_golden(
 def test_replace_keeps_the_old_golden_under_replaced(captured: Captured, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]
                                                      ) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     out = tmp_path / "out"
     folder = out / "tiny-llama-greedy"
     folder.mkdir(parents=True)
@@ -249,6 +256,7 @@ def sampled_spec(tmp_path: Path, name: str) -> Path:
 def test_disagreeing_legs_refuse_then_publish_marked(cpu_oracle: BuiltOracle, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]
                                                      ) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     spec = sampled_spec(tmp_path, "sampled")
     out = tmp_path / "out"
     args = ["capture", str(spec), "--out", str(out), "--home", str(cpu_oracle.home)]
@@ -266,6 +274,7 @@ def test_disagreeing_legs_refuse_then_publish_marked(cpu_oracle: BuiltOracle, tm
 @pytest.mark.slow
 def test_engine_that_fails_to_start_is_exit_12(cpu_oracle: BuiltOracle, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     folder = tmp_path / "specs" / "bad-engine"
     folder.mkdir(parents=True)
     text = (TINY_SPEC / "spec.toml").read_text()
@@ -286,6 +295,8 @@ def test_engine_that_fails_to_start_is_exit_12(cpu_oracle: BuiltOracle, tmp_path
 def test_shared_configuration_means_one_engine_start(cpu_oracle: BuiltOracle, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]
                                                      ) -> None:
+    """Slow: runs the real vLLM engine (one engine start for the capture of two specs and one
+    for their verify)."""
     specs = []
     for name in ("alpha", "beta"):
         folder = tmp_path / "specs" / name

@@ -221,3 +221,22 @@ def test_tests_session_names_what_it_cannot_install(tmp_path: Path) -> None:
     import noxfile
     assert noxfile.missing_programs(lambda prog: "/usr/bin/" + prog) == {}
     assert noxfile.missing_programs(lambda prog: None) == noxfile.SYSTEM_PROGRAMS
+
+
+def test_every_slow_test_says_why() -> None:
+    """A slow test (real venvs, the real engine) carries a docstring: what it proves and
+    what makes it slow, so that CI's time can be read from the tests themselves."""
+    import ast
+
+    silent = []
+    for path in sorted((REPO / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        module_slow = any(isinstance(n, ast.Assign) and "slow" in ast.unparse(n.value)
+                          and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
+                          for n in tree.body)
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                slow = module_slow or any("slow" in ast.unparse(d) for d in node.decorator_list)
+                if slow and not ast.get_docstring(node):
+                    silent.append(f"{path.name}::{node.name}")
+    assert silent == []

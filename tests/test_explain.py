@@ -35,6 +35,7 @@ def test_explain_names_the_setting_and_reproduces(cpu_oracle: BuiltOracle, host_
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # The golden was captured in float32; its record now claims bfloat16, so explain starts
     # from a configuration that differs in a setting that moves its tokens.
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     folder = copy_tree_for_golden(tmp_path, source=host_golden)
     edit(folder, lambda d: d["engine"]["requested"].update(dtype="bfloat16"))
     out = tmp_path / "explain.json"
@@ -70,6 +71,7 @@ def test_explain_names_the_setting_and_reproduces(cpu_oracle: BuiltOracle, host_
 @pytest.mark.slow
 def test_impossible_golden_and_budget(cpu_oracle: BuiltOracle, host_golden: Path,
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     folder = copy_tree_for_golden(tmp_path, source=host_golden)
 
     def scramble(d: dict[str, Any]) -> None:  # a token no configuration gives, at position 3

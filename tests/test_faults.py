@@ -229,6 +229,7 @@ def test_source_build_killed_at_every_step_then_recovers(tmp_path: Path) -> None
 
 def test_capture_killed_at_every_point_leaves_no_golden(cpu_oracle: BuiltOracle,
                                                         tmp_path: Path) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     out = tmp_path / "out"
     args = ["capture", str(TINY_SPEC), "--out", str(out), "--home", str(cpu_oracle.home)]
     folder = out / "tiny-llama-greedy"
@@ -258,6 +259,7 @@ def test_capture_killed_at_every_point_leaves_no_golden(cpu_oracle: BuiltOracle,
 
 def test_two_builds_of_one_pin_end_with_one_venv(cpu_oracle: BuiltOracle,
                                                  tmp_path: Path) -> None:
+    """Slow: builds a real oracle venv (an install from the wheelhouse, about a minute)."""
     home = tmp_path / "home"
     args = ["build", "--pin", str(CPU_PIN), "--home", str(home), "--wheelhouse",
             str(cpu_oracle.wheelhouse)]
@@ -277,6 +279,7 @@ def test_two_builds_of_one_pin_end_with_one_venv(cpu_oracle: BuiltOracle,
 def test_two_captures_one_golden_and_verify_alongside(cpu_oracle: BuiltOracle,
                                                       host_golden: Path,
                                                       tmp_path: Path) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     out = tmp_path / "out"
     args = ["capture", str(TINY_SPEC), "--out", str(out), "--home", str(cpu_oracle.home)]
     first = start(args)
@@ -309,6 +312,8 @@ def small_fs(path: Path, size: str, *, readonly: bool = False) -> Iterator[Path]
 
 def test_read_only_goldens_folder(cpu_oracle: BuiltOracle, tmp_path: Path,
                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Slow: needs the session's real CPU oracle; the capture stops before any engine (nothing
+    is run)."""
     with small_fs(tmp_path / "ro", "1m", readonly=True) as ro:
         code = main(["capture", str(TINY_SPEC), "--out", str(ro), "--home",
                      str(cpu_oracle.home)])
@@ -318,6 +323,7 @@ def test_read_only_goldens_folder(cpu_oracle: BuiltOracle, tmp_path: Path,
 
 
 def test_disk_fills_during_capture(cpu_oracle: BuiltOracle, tmp_path: Path) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     with small_fs(tmp_path / "small", "2m") as fs:
         proc = start(["capture", str(TINY_SPEC), "--out", str(fs), "--home",
                       str(cpu_oracle.home)])
@@ -339,6 +345,7 @@ def test_disk_fills_during_capture(cpu_oracle: BuiltOracle, tmp_path: Path) -> N
 
 
 def test_disk_fills_during_build(cpu_oracle: BuiltOracle, tmp_path: Path) -> None:
+    """Slow: builds a real oracle venv (an install from the wheelhouse, about a minute)."""
     with small_fs(tmp_path / "small", "400m") as fs:
         home = fs / "home"
         done = subprocess.run(
@@ -355,6 +362,7 @@ def test_disk_fills_during_build(cpu_oracle: BuiltOracle, tmp_path: Path) -> Non
 
 def test_user_site_and_pythonpath_cannot_inject(cpu_oracle: BuiltOracle, tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slow: needs the session's real CPU oracle (built once per run); its own work is seconds."""
     base = tmp_path / "userbase"
     # the user site the oracle's python would read: lib/pythonX.Y under PYTHONUSERBASE
     site = base / site_packages(cpu_oracle.venv).relative_to(cpu_oracle.venv) / "vllm"
@@ -371,6 +379,7 @@ def test_user_site_and_pythonpath_cannot_inject(cpu_oracle: BuiltOracle, tmp_pat
 
 def test_symlinked_home(cpu_oracle: BuiltOracle, tmp_path: Path,
                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Slow: needs the session's real CPU oracle (built once per run); its own work is seconds."""
     link = tmp_path / "home-link"
     link.symlink_to(cpu_oracle.home)
     assert main(["identity", "--pin", str(CPU_PIN), "--home", str(link)]) == 0

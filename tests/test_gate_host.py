@@ -53,6 +53,8 @@ def test_a_missing_interpreter_fails_instead_of_skipping() -> None:
 
 @pytest.mark.slow
 def test_absent_pin_python_is_exit_6_through_nox(tmp_path: Path) -> None:
+    """Slow: a real nox run (its session venv and the project installed in it); the build stops
+    at preflight."""
     pins = tmp_path / "pins"
     pins.mkdir()
     (pins / "cpu.lock.txt").write_text((CPU_PIN.parent / "cpu.lock.txt").read_text())

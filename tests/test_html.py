@@ -282,6 +282,7 @@ def verified(cpu_oracle: BuiltOracle, host_golden: Path, tmp_path_factory: pytes
 
 @pytest.mark.slow
 def test_verify_html_agrees_with_its_json_report(verified: Verified, tmp_path: Path) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     parsed = parse(verified.page)
     (golden,) = verified.report["goldens"]
     tokens = {t["prompt"]: t for t in golden["tokens"]}

@@ -239,6 +239,7 @@ def test_export_refuses_to_overwrite(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_round_trip_of_a_fresh_capture(captured: Captured, tmp_path: Path) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     golden = load_golden(captured.golden_path)
     back = import_path(export(golden, captured.golden_path, tmp_path / "e"))
     assert [p.token_ids for p in back.prompts] == [p.token_ids for p in golden.prompts]

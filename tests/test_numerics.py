@@ -127,6 +127,7 @@ def test_generators_reproduce_the_committed_model_files(cpu_oracle: BuiltOracle,
 def test_changed_moe_expert_is_drift_naming_qwen3_moe(cpu_oracle: BuiltOracle, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     battery = copy_battery(tmp_path)
     home = str(cpu_oracle.home)
     where = set_dir(battery, cpu_oracle.pin, "cpu", str(host.host().cpu_variant))
@@ -212,6 +213,7 @@ def test_a_checkpoint_tensor_the_loader_skips_refuses_the_capture(
 @pytest.mark.slow
 def test_golden_of_another_cpu_variant_is_not_verifiable_here(
         cpu_oracle: BuiltOracle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     battery = copy_battery(tmp_path)
     here = str(host.host().cpu_variant)
     other = "x86_64-avx2" if here != "x86_64-avx2" else "x86_64-avx512_bf16"

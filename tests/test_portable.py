@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 
 def test_golden_copied_outside_the_project_verifies(captured: Captured, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     golden = load_golden(captured.golden_path)
     assert golden.oracle.embedded_pin is not None  # type: ignore[union-attr]
     elsewhere = tmp_path / "their-repo" / "tests" / "goldens" / "tiny"
@@ -78,6 +79,7 @@ def hub_layout(hf_home: Path, repo_id: str, revision: str, files: dict[str, byte
 def test_hub_layout_model_under_hf_home_captures_and_verifies(
         captured: Captured, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     files = tinymodel.files()
     revision = hashlib.sha1(b"oracle-build hub layout test").hexdigest()
     snapshot = hub_layout(tmp_path / "hf", "oracle-build/tiny-llama", revision, files)

@@ -25,6 +25,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Repo:
 
 @pytest.mark.slow
 def test_builds_at_pinned_commit_with_scm_version(tmp_path: Path, repo: Repo) -> None:
+    """Slow: two real builds of the small C-extension package from a real git repository (a
+    clone, a wheel build, a venv), the second from the wheelhouse."""
     pin = load_pin(write_pin(tmp_path, repo))
     outcome = build.build_oracle(pin, "cpu", home=tmp_path / "home",
                                  wheelhouse_root=tmp_path / "wh")

@@ -100,6 +100,7 @@ def test_exit_code_precedence() -> None:
 def test_committed_golden_passes_and_is_untouched(cpu_oracle: BuiltOracle,
                                                   monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     before = (TINY_SPEC / "golden.json").read_bytes()
     monkeypatch.chdir(REPO)  # no golden named: every goldens/*/golden.json
     code = main(["verify", "--json", "--home", str(cpu_oracle.home)])
@@ -124,6 +125,7 @@ def test_committed_golden_passes_and_is_untouched(cpu_oracle: BuiltOracle,
 @pytest.mark.slow
 def test_altered_tokens_drift_with_margins(cpu_oracle: BuiltOracle, host_golden: Path,
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     folder = copy_tree_for_golden(tmp_path, source=host_golden)
     original = load_golden(folder)
     # prompt 0: the first position whose real top-2 gap is inside the band -> near-tie;
@@ -163,6 +165,7 @@ def test_changed_setting_is_a_configuration_difference(cpu_oracle: BuiltOracle, 
                                                        tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]
                                                        ) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     folder = copy_tree_for_golden(tmp_path, source=host_golden)
     edit_golden(folder, lambda d: d["engine"]["requested"].update(dtype="bfloat16"))
     code = main(["verify", str(folder), "--home", str(cpu_oracle.home)])
@@ -178,6 +181,8 @@ def test_changed_setting_is_a_configuration_difference(cpu_oracle: BuiltOracle, 
 @pytest.mark.slow
 def test_oracle_mismatch_names_fields(cpu_oracle: BuiltOracle, host_golden: Path,
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Slow: the identity probe runs in a real engine host (it imports vLLM); no engine is
+    started."""
     folder = copy_tree_for_golden(tmp_path, source=host_golden)
     edit_golden(folder, lambda d: d["oracle"]["identity"].update(transformers="5.18.0"))
     logs = cpu_oracle.home / "logs"

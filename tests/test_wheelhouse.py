@@ -49,6 +49,7 @@ def record(venv: Path) -> dict[str, object]:
 
 def test_rebuild_installs_the_same_set_and_tampered_wheel_is_refused(
         cpu_oracle: BuiltOracle, tmp_path: Path) -> None:
+    """Slow: builds a real oracle venv (an install from the wheelhouse, about a minute)."""
     pin = cpu_oracle.pin
     wh_root = tmp_path / "wh"
     linked_copy(cpu_oracle.wheelhouse / pin.key, wh_root / pin.key)
@@ -90,6 +91,7 @@ def test_rebuild_installs_the_same_set_and_tampered_wheel_is_refused(
 
 
 def test_another_pins_wheelhouse_is_not_used(cpu_oracle: BuiltOracle, tmp_path: Path) -> None:
+    """Slow: needs the session's real CPU oracle (built once per run); its own work is seconds."""
     other = tmp_path / "cpu.toml"
     other.write_text(CPU_PIN.read_text().replace("memory_floor_gib = 4.0",
                                                  "memory_floor_gib = 6.0"))
