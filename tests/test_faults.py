@@ -92,7 +92,7 @@ class Watched:
         try:
             self.wait_for(marker)
         except BaseException:  # the run's pipe is closed whatever happens (no leak into a
-            self.close()       # later test's unraisable-exception check)
+            self.close(kill=True)  # later test's unraisable-exception check)
             raise
         if not self.frozen.is_set():
             time.sleep(delay)
@@ -106,9 +106,10 @@ class Watched:
         self.close()
         return landed
 
-    def close(self) -> None:
-        with suppress(ProcessLookupError):
-            if self.proc.poll() is None:
+    def close(self, *, kill: bool = False) -> None:
+        """Wait for the run to end (``kill``: end it first), then close its pipe."""
+        if kill and self.proc.poll() is None:
+            with suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=300)
         self.reader.join(timeout=60)
