@@ -227,7 +227,8 @@ def system_setup(log: Callable[[str], None]) -> int:
     log(f"the tests need {names}: installing {' '.join(packages)} with apt-get "
         f"({'as root' if not root else 'through sudo -n'}); the registry's packaged service "
         "is not started (the tests start their own on 127.0.0.1)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    # through `env`: sudo resets the environment, so the variable is given on the command
+    noninteractive = ["env", "DEBIAN_FRONTEND=noninteractive"]
     policy = not POLICY_RC_D.exists()  # another tool's policy is left as it is
     try:
         if policy:  # exit 101: "action forbidden", so the postinst starts no service
@@ -235,10 +236,9 @@ def system_setup(log: Callable[[str], None]) -> int:
                            stdout=subprocess.DEVNULL, check=True)
             subprocess.run([*root, "chmod", "755", str(POLICY_RC_D)], check=True)
         for argv in ([*root, apt, "update", "-qq"],
-                     [*root, apt, "install", "-y", "-qq",
-                      *packages]):
+                     [*root, *noninteractive, apt, "install", "-y", "-qq", *packages]):
             log("$ " + " ".join(argv))
-            if subprocess.run(argv, env=env, stdout=subprocess.DEVNULL).returncode != 0:
+            if subprocess.run(argv, stdout=subprocess.DEVNULL).returncode != 0:
                 log(f"apt-get failed: install them by hand (`{command}`) and run again")
                 return EXIT_PREFLIGHT
     finally:
