@@ -120,12 +120,13 @@ def cpu_oracle(tmp_path_factory: pytest.TempPathFactory) -> BuiltOracle:
     return BuiltOracle(pin, home, wheelhouse, layout.oracle_path(home, pin.key), outcome)
 
 
-def linked_copy_of_venv(src: Path, dest: Path) -> Path:
-    """A copy of a venv whose files are hard links to ``src``'s (2 s instead of a 3.4 GB
-    install). A test may add, remove, rename or reinstall files in it: each of those makes
-    or drops a link (uv's uninstall unlinks; its installs and Python's bytecode writes
-    write new files), so ``src`` never sees it. What no test may do is edit a file of it
-    in place: that would edit ``src`` too (`break_link` first)."""
+def linked_copy(src: Path, dest: Path) -> Path:
+    """A copy of a folder (a venv, a wheelhouse) whose files are hard links to ``src``'s: an
+    oracle venv in 2 s instead of a 3.4 GB install, a wheelhouse without 857 MB copied. A
+    test may add, remove, rename or reinstall files in it: each of those makes or drops a
+    link (uv's uninstall unlinks; its installs and Python's bytecode writes write new files),
+    so ``src`` never sees it. What no test may do is edit a file of it in place: that would
+    edit ``src`` too (`break_link` first)."""
     shutil.copytree(src, dest, symlinks=True, copy_function=os.link)
     return dest
 
@@ -141,13 +142,13 @@ def break_link(path: Path) -> Path:
 @pytest.fixture
 def scratch_venv(cpu_oracle: BuiltOracle, tmp_path: Path) -> Iterator[Path]:
     """A second real venv holding exactly the CPU oracle's files, for tests that damage a
-    venv: a hard-linked copy of the session's oracle (`linked_copy_of_venv`) without its
+    venv: a hard-linked copy of the session's oracle (`linked_copy`) without its
     build record, as a staged venv before publish is. It was an offline install of the
     locked set from the wheelhouse, a minute each: the files are the same, byte for byte
     (the same links), and test_scratch_copy_passes_only_as_staged checks it still passes
     the probe. The session's oracle is checked against its manifest after each use: a test
     that edited a shared file in place fails here."""
-    venv = linked_copy_of_venv(cpu_oracle.venv, tmp_path / "venv")
+    venv = linked_copy(cpu_oracle.venv, tmp_path / "venv")
     shutil.rmtree(venv / layout.RECORD_DIR)
     yield venv
     shutil.rmtree(venv, ignore_errors=True)

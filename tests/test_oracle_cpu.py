@@ -32,7 +32,7 @@ from tests.conftest import (
     BuiltOracle,
     assert_session_oracle_unchanged,
     break_link,
-    linked_copy_of_venv,
+    linked_copy,
     planned_and_executed,
     site_packages,
 )
@@ -270,7 +270,7 @@ def own_home(cpu_oracle: BuiltOracle, tmp_path: Path) -> Iterator[Path]:
 def own_oracle(cpu_oracle: BuiltOracle, home: Path) -> tuple[Path, list[str], Path, Path]:
     """The CPU oracle published in ``home`` (`own_home`), for a test that damages it: its
     home, the CLI's pin/home arguments, its venv, site-packages. A hard-linked copy of the
-    session's oracle and its anchor (`linked_copy_of_venv`: seconds, not a 90 s build), which
+    session's oracle and its anchor (`linked_copy`: seconds, not a 90 s build), which
     passes identity there as it stands (asserted). Before editing a file of it in place, or
     touching its mtime, a test breaks that file's link (`break_link`), so the session's
     oracle never sees it; --rebuild sets the damaged copy aside and installs a new one."""
@@ -278,7 +278,7 @@ def own_oracle(cpu_oracle: BuiltOracle, home: Path) -> tuple[Path, list[str], Pa
             str(cpu_oracle.wheelhouse)]
     venv = layout.oracle_path(home, cpu_oracle.pin.key)
     venv.parent.mkdir(parents=True)
-    linked_copy_of_venv(cpu_oracle.venv, venv)
+    linked_copy(cpu_oracle.venv, venv)
     anchor = cpu_oracle.venv.parent / f"{cpu_oracle.venv.name}.anchor.json"
     shutil.copy2(anchor, venv.parent / anchor.name)
     assert main(["identity", *args[:4]]) == 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,17 +16,9 @@ from oracle_build.core import env as envmod
 from oracle_build.core import layout
 from oracle_build.core.errors import BadInput
 from oracle_build.oracle_venv import uv
-from tests.conftest import CPU_PIN, BuiltOracle
+from tests.conftest import CPU_PIN, BuiltOracle, linked_copy
 
 pytestmark = pytest.mark.slow
-
-
-def linked_copy(src: Path, dest: Path) -> None:
-    """A hard-linked copy (no 1.3 GB of copying); files are replaced, never edited."""
-    dest.mkdir(parents=True)
-    for f in src.iterdir():
-        if f.is_file():
-            os.link(f, dest / f.name)
 
 
 def uv_cache_bytes() -> tuple[Path, int]:
