@@ -9,21 +9,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oracle_build import host
+from oracle_build import devices, host
 from oracle_build.contracts.driver import DriverResult
 from oracle_build.contracts.golden import (
     BackendValue,
     EngineRecord,
+    KernelVariantRecord,
     ReadValue,
     Unreadable,
 )
 from oracle_build.contracts.pins import Target
 from oracle_build.contracts.topk import TopKTable
 from oracle_build.core import layout
-from oracle_build.core.env import RECORDED_PREFIXES
+from oracle_build.core.env import CPU_NUMERICS, RECORDED_PREFIXES
 from oracle_build.core.errors import (
     BadInput,
     EngineFailed,
+    IdentityMismatch,
     PreflightFailed,
 )
 from oracle_build.core.filelock import held
@@ -43,6 +45,7 @@ class EngineResult:
     raw: dict[str, Any]
     args: dict[str, Any]
     log: Path
+    variant: KernelVariantRecord | None = None
 
     @property
     def ok(self) -> bool:
@@ -70,7 +73,9 @@ class EngineResult:
 
     @property
     def environment(self) -> dict[str, str]:
-        return dict(self.result.env)
+        """The recorded variables the engine saw, less those its kernel variant sets (the
+        variant's record holds them)."""
+        return {k: v for k, v in self.result.env.items() if k not in CPU_NUMERICS}
 
     @property
     def environment_set_by_engine(self) -> dict[str, str]:
@@ -96,7 +101,8 @@ class EngineResult:
                                               note=item.get("note"),
                                               log=log_names if kind == "attention" else None)
         return EngineRecord(requested=self.args, resolved=resolved, backends=backends,
-                            start_seconds=result.engine_start_seconds)
+                            start_seconds=result.engine_start_seconds,
+                            kernel_variant=self.variant)
 
 
 @dataclass(frozen=True)
@@ -117,9 +123,11 @@ class EngineSession:
         ``pieces``: decode these ids and every id the runs produce with the model's own
         tokenizer (the result's ``pieces``), for a report to show text."""
         memory_preflight(self.oracle.target)
+        target = self.oracle.target
+        by_variant = devices.module(target).BY_CPU_VARIANT
         request = {"model": str(self.model_path), "engine_args": self.args, "runs": runs,
                    "record_env_prefixes": list(RECORDED_PREFIXES),
-                   "audit_weights": audit_weights}
+                   "audit_weights": audit_weights, "cpu_kernels": by_variant}
         if pieces is not None:
             request.update(pieces=True, piece_ids=sorted(pieces))
         # One engine at a time per oracle home: two engines can exhaust a host's memory
@@ -134,8 +142,8 @@ class EngineSession:
                 log = layout.log_path(self.home, what, name)
                 log.parent.mkdir(parents=True, exist_ok=True)
                 answer = self.oracle.venv.run_inside(
-                    "driver.py", [], request=request, env=engine_env(self.oracle.target),
-                    log=log, what="vLLM engine")
+                    "driver.py", [], request=request,
+                    env=engine_env(target, self.oracle.hold), log=log, what="vLLM engine")
         if answer.data is None:
             raise EngineFailed(f"the driver exited with {answer.result.returncode} and wrote "
                                f"no result; log: {log}\n" + _tail(log))
@@ -147,7 +155,26 @@ class EngineSession:
                                + exc.message.replace(str(log), "its answer", 1)) from None
         attach_topk(raw, answer.arrays, log)
         raw["log_backends"] = sorted(set(BACKEND_LOG.findall(log.read_text(errors="replace"))))
-        return EngineResult(result, raw, self.args, log)
+        variant = self.kernel_variant(result, log) if by_variant and result.ok else None
+        return EngineResult(result, raw, self.args, log, variant)
+
+    def kernel_variant(self, result: DriverResult, log: Path) -> KernelVariantRecord:
+        """The variant the engine's process ran, read from it, against the one asked for:
+        another variant than the one held is an identity mismatch, never a silent run."""
+        hold = self.oracle.hold
+        kernels = result.cpu_kernels or {}
+        bad = devices.variant_mismatches(self.oracle.target, kernels, hold)
+        if bad:
+            raise IdentityMismatch(bad, where=f"the engine's process (log: {log})",
+                                   hint="the engine did not run the CPU kernel variant it "
+                                   "was held to; nothing it computed is recorded")
+        loaded = kernels.get("loaded")
+        capability = kernels.get("torch_capability")
+        return KernelVariantRecord(
+            requested=hold.requested, resolved=kernels.get("variant"),
+            libraries=[str(x) for x in loaded] if isinstance(loaded, list) else [],
+            torch_capability=capability if isinstance(capability, str) else None,
+            env={k: v for k, v in result.env.items() if k in CPU_NUMERICS})
 
 
 def attach_topk(raw: dict[str, Any], arrays: dict[str, Any] | None, where: Path) -> None:

@@ -42,9 +42,12 @@ class Host:
     mem_available_bytes: int | None
     mem_total_bytes: int | None
     cpu_variant: str | None = None
+    cpu_flags: frozenset[str] = frozenset()
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["cpu_flags"] = sorted(self.cpu_flags)
+        return out
 
     @property
     def driver(self) -> str | None:
@@ -178,6 +181,22 @@ def cpu_flags(path: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset()
 
 
+def cpu_model(path: Path = Path("/proc/cpuinfo")) -> dict[str, str | None]:
+    """The CPU's vendor and model name (``vendor_id``, ``model name``): a golden records
+    them, so a bit difference under a held variant can be told apart by CPU model."""
+    out: dict[str, str | None] = {"cpu_vendor": None, "cpu_model": None}
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        name = {"vendor_id": "cpu_vendor", "model name": "cpu_model"}.get(key.strip())
+        if name and out[name] is None:
+            out[name] = rest.strip()[:200]
+    return out
+
+
 def cpu_variant(machine: str, flags: frozenset[str]) -> str:
     """The CPU kernel variant vLLM's CPU build runs on this host: ``x86_64-avx2``,
     ``x86_64-avx512``, ``x86_64-avx512_bf16``, each ``-amx`` when AMX tiles are there;
@@ -200,10 +219,11 @@ def host() -> Host:
     """This host, detected once per process."""
     info = meminfo()
     machine = platform.machine()
+    flags = cpu_flags()
     return Host(machine=machine, system=platform.system(), gpus=_nvidia_gpus() + _amd_gpus(),
                 mem_available_bytes=info.get("MemAvailable"),
                 mem_total_bytes=info.get("MemTotal"),
-                cpu_variant=cpu_variant(machine, cpu_flags()))
+                cpu_variant=cpu_variant(machine, flags), cpu_flags=flags)
 
 
 def hip_version(hipcc_output: str) -> str | None:
@@ -236,6 +256,7 @@ def facts(cuda_home: str | None = None) -> dict[str, Any]:
         "os": platform.platform(),
         "machine": h.machine,
         "cpu_variant": h.cpu_variant,
+        **cpu_model(),
         "kernel": platform.release(),
         "libc": "-".join(platform.libc_ver()),
         "cpu_count": os.cpu_count(),

@@ -19,7 +19,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from oracle_build import devices, host, manifest
+from oracle_build import devices, manifest
 from oracle_build.contracts.pins import GitSource, Pin, Target
 from oracle_build.contracts.probe import ProbeFacts
 from oracle_build.contracts.record import load_record
@@ -27,6 +27,7 @@ from oracle_build.core import layout
 from oracle_build.core.env import RECORDED_PREFIXES
 from oracle_build.core.errors import BadInput, BuildFailed, IdentityMismatch
 from oracle_build.core.files import sha256_file, validate
+from oracle_build.devices import Hold
 from oracle_build.oracle_venv import OracleVenv
 
 OK_LINE = "ORACLE_IDENTITY_OK"
@@ -106,10 +107,13 @@ def probe_args(target: Target) -> list[str]:
 
 
 def run_probe(venv: Path, target: Target, *, log: Path | None = None,
-              timeout: float = 600) -> dict[str, Any]:
-    """The facts ``inside/probe.py`` gathers, run by the venv's own python."""
+              timeout: float = 600, hold: Hold | None = None) -> dict[str, Any]:
+    """The facts ``inside/probe.py`` gathers, run by the venv's own python (held to
+    ``hold``'s kernel variant: the pin target's when not given)."""
+    hold = hold if hold is not None else devices.hold(target)
     answer = OracleVenv(venv).run_inside(
-        "probe.py", probe_args(target), env=target.env, log=log, what="identity probe",
+        "probe.py", probe_args(target), env={**target.env, **hold.env}, log=log,
+        what="identity probe",
         timeout=timeout, echo=False)
     if answer.result.returncode != 0 or answer.data is None:
         text = answer.result.output or (log.read_text(errors="replace") if log else "")
@@ -139,10 +143,11 @@ def _under(path: str, roots: list[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any]) -> list[
-        tuple[str, str, str]]:
+def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any],
+            hold: Hold | None = None) -> list[tuple[str, str, str]]:
     """Every way the facts differ from the pin, as (field, expected, found)."""
     bad: list[tuple[str, str, str]] = []
+    hold = hold if hold is not None else devices.hold(target)
     py = facts["python"]
     expected_prefix = os.path.realpath(venv)
     if venv.is_symlink():
@@ -220,37 +225,41 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any]) -> list
     if not kernel.get("ok"):
         bad.append(("compiled kernel", f"{target.kernel_check} runs",
                     str(kernel.get("error") or kernel)))
-    bad += devices.module(target).device_mismatches(target, facts, host.host().cpu_variant)
+    if facts.get("hold_error"):
+        bad.append(("cpu kernel variant held", str(hold.variant), facts["hold_error"]))
+    bad += devices.module(target).device_mismatches(target, facts, hold)
     return bad
 
 
 def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
           staged: bool = False, deep: bool = False,
           facts: dict[str, Any] | None = None,
-          files: manifest.Check | None = None) -> Identity:
+          files: manifest.Check | None = None, hold: Hold | None = None) -> Identity:
     """Probe ``venv`` (or take ``facts`` its engine host's probe wrote). Outside staging a
     venv without build_oracle's record is incomplete (an interrupted publish, or a venv made
     by hand) and never passes; every file is compared with the manifest the build wrote, the
     manifest with its anchor outside the venv (``deep``: every file hashed; ``files``: that
     comparison, made by the caller meanwhile), and the shared libraries the process mapped
-    with those the build's process mapped."""
+    with those the build's process mapped. ``hold``: the CPU kernel variant the process
+    must run (default: the pin target's), proved from the process itself."""
+    hold = hold if hold is not None else devices.hold(target)
     oracle = OracleVenv(venv)
     loaded: tuple[dict[str, Any] | None, list[tuple[str, str, str]]] | None = None
     if facts is None and not staged and files is None and oracle.has_record():
         # the probe (a process importing vLLM) runs while every file is checked here
         with ThreadPoolExecutor(1, thread_name_prefix="probe") as pool:
-            probing = pool.submit(run_probe, venv, target, log=log)
+            probing = pool.submit(run_probe, venv, target, log=log, hold=hold)
             loaded = manifest.load(venv)
             if loaded[0] is not None:
                 files = manifest.check(venv, loaded[0], deep=deep)
             facts = probing.result()
     elif facts is None:
-        facts = run_probe(venv, target, log=log)
+        facts = run_probe(venv, target, log=log, hold=hold)
     else:
         facts["machine"] = platform.machine()
     probe_answer(facts, venv)
     ident = Identity(venv=venv, facts=facts)
-    ident.mismatches = compare(pin, target, venv, facts)
+    ident.mismatches = compare(pin, target, venv, facts, hold)
     if not staged and not oracle.has_record():
         ident.mismatches.append(("build record", str(oracle.record_path),
                                  "missing: not a venv build_oracle completed"))

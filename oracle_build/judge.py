@@ -293,6 +293,18 @@ def config_diffs(rec: Recorded, new: dict[str, Any]) -> tuple[list[FieldDiff],
     _flat("sampling", dict(new["sampling"]), cur)
     old["batch.calls"] = rec.batch.get("calls")
     cur["batch.calls"] = new["calls"]
+    # the CPU kernel variant in force: a golden from before variants were held names the one
+    # its identity detected (and it ran under that one's environment, unrecorded)
+    variant = new["engine"].kernel_variant  # a CPU target's re-run always reads one
+    if variant is not None:
+        old["kernel_variant"] = rec.kernel_variant
+        cur["kernel_variant"] = variant.resolved
+        held = rec.engine.kernel_variant
+        if held is not None:
+            old["kernel_variant.requested"] = held.requested
+            cur["kernel_variant.requested"] = variant.requested
+            old["kernel_variant.env"] = held.env
+            cur["kernel_variant.env"] = variant.env
     numerics: list[FieldDiff] = []
     context: list[FieldDiff] = []
     tightened: dict[str, str] = dict(golden.classification)

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oracle_build import identity, manifest
+from oracle_build import devices, identity, manifest
 from oracle_build.contracts.pins import Pin, Target
 from oracle_build.core import layout
 from oracle_build.core.errors import (
@@ -32,18 +32,22 @@ class Oracle:
     content_fingerprint: str | None
     # the engine host whose probe gave ``identity``, waiting for the first engine run
     hosts: list[EngineHost] = field(default_factory=list, compare=False)
+    # the CPU kernel variant every process of this oracle runs under (devices.hold)
+    hold: devices.Hold = devices.NO_HOLD
 
     def take_host(self) -> EngineHost | None:
         return self.hosts.pop() if self.hosts else None
 
 
-def engine_env(target: Target) -> dict[str, str]:
-    """The environment every engine of this target runs with (in-process engine core)."""
-    return {**target.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+def engine_env(target: Target, hold: devices.Hold = devices.NO_HOLD) -> dict[str, str]:
+    """The environment every engine of this target runs with (in-process engine core), held
+    to ``hold``'s kernel variant."""
+    return {**target.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **hold.env}
 
 
 def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
-                engine_log: Path | None = None, deep: bool = True) -> Oracle:
+                engine_log: Path | None = None, deep: bool = True,
+                variant: str | None = None) -> Oracle:
     """The pin's built oracle with its identity re-checked. ``require``: refuse one that is
     not the pin's (IdentityMismatch); otherwise the caller reads ``identity.ok``.
 
@@ -51,16 +55,19 @@ def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
     (driver.py --serve, logging there): it imports vLLM once for both, and starts no engine
     until the harness has compared its facts with the pin and hands it a request.
     ``deep``: every file hashed (every engine-running command's check; without an engine
-    host, alone)."""
+    host, alone). ``variant``: the CPU kernel variant its processes are held to (a golden's,
+    ``--kernel-variant``; default: the pin target's)."""
     venv = OracleVenv(layout.oracle_path(home, pin.key))
     if not venv.exists():
         raise OracleMissing(f"no oracle for pin {pin.id} at {venv.path}",
                             hint="run `nox -s build_oracle` first")
     target = pin.target(target_name)
-    say(f"checking oracle identity: {venv.path}")
+    hold = devices.hold(target, variant)
+    say(f"checking oracle identity: {venv.path}"
+        + (f" (CPU kernel variant {hold.variant}, held)" if hold.inside else ""))
     hosts: list[EngineHost] = []
     if engine_log is not None:
-        engine_host = venv.serve(identity.probe_args(target), env=engine_env(target),
+        engine_host = venv.serve(identity.probe_args(target), env=engine_env(target, hold),
                                  log=engine_log)
         # every file hashed (not only those whose size or mtime moved: both can be put back)
         # while the host imports vLLM; no engine starts before the hashes agree
@@ -70,21 +77,22 @@ def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
         except BaseException:
             engine_host.close()
             raise
-        ident = identity.check(pin, target, venv.path, facts=facts, files=files) \
-            if facts is not None else identity.check(pin, target, venv.path, deep=True)
+        ident = identity.check(pin, target, venv.path, facts=facts, files=files, hold=hold) \
+            if facts is not None else identity.check(pin, target, venv.path, deep=True,
+                                                     hold=hold)
         if ident.ok and facts is not None:
             hosts.append(engine_host)
         else:
             engine_host.close()
     else:  # identity.check hashes while its probe imports vLLM
-        ident = identity.check(pin, target, venv.path, deep=deep)
+        ident = identity.check(pin, target, venv.path, deep=deep, hold=hold)
     if require and not ident.ok:
         raise IdentityMismatch(ident.mismatches, where=str(venv.path),
                                hint="`build_oracle -- --rebuild` replaces a drifted oracle")
     digest = sha256_file(venv.record_path) if venv.has_record() else ""
     anchor = manifest.read_anchor(venv.path) or {}
     return Oracle(pin, target_name, target, venv, ident, digest,
-                  anchor.get("content_fingerprint"), hosts)
+                  anchor.get("content_fingerprint"), hosts, hold)
 
 
 def deep_files(venv: Path) -> manifest.Check | None:
@@ -105,7 +113,7 @@ class Oracles:
     its engine host (see ``open_oracle``). ``close`` ends hosts no engine run took."""
 
     home: Path
-    opened: dict[tuple[str, str], Oracle] = field(default_factory=dict)
+    opened: dict[tuple[str, str, str | None], Oracle] = field(default_factory=dict)
     engine: tuple[str, str] | None = None
 
     def close(self) -> None:
@@ -119,12 +127,15 @@ class Oracles:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def get(self, pin: Pin, target_name: str, *, require: bool = True) -> Oracle:
-        key = (pin.key, target_name)
+    def get(self, pin: Pin, target_name: str, *, require: bool = True,
+            variant: str | None = None) -> Oracle:
+        """``variant``: the CPU kernel variant its processes are held to (default: the pin
+        target's); each variant is its own opened oracle (its own identity proof)."""
+        key = (pin.key, target_name, devices.held_name(pin.target(target_name), variant))
         if key not in self.opened:
             log = layout.log_path(self.home, *self.engine) if self.engine else None
             self.opened[key] = open_oracle(pin, target_name, self.home, require=False,
-                                           engine_log=log)
+                                           engine_log=log, variant=variant)
         oracle = self.opened[key]
         if require and not oracle.identity.ok:
             raise IdentityMismatch(oracle.identity.mismatches, where=str(oracle.venv.path),

@@ -55,7 +55,8 @@ def run_from_golden(rec: Recorded, *, legs: int = 1) -> dict[str, Any]:
 
 def config_key(oracle: Oracle, model_path: Path, args: dict[str, Any]) -> str:
     """Runs whose keys are equal share one engine start."""
-    return json.dumps([oracle.pin.key, oracle.target_name, str(model_path), args],
+    return json.dumps([oracle.pin.key, oracle.target_name, oracle.hold.variant,
+                       str(model_path), args],
                       sort_keys=True, default=str)
 
 

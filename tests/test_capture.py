@@ -12,7 +12,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from oracle_build import tinymodel
+from oracle_build import judge, tinymodel
 from oracle_build.cli import main
 from oracle_build.commands.capture import capture
 from oracle_build.contracts import schemas
@@ -137,6 +137,28 @@ def test_golden_carries_everything(captured: Captured) -> None:
     assert golden.prompts[2].prompt_token_ids == [5, 60, 70, 80, 90, 100, 110]
     assert golden.run.tool["name"] == "oracle-build"
     assert {"engine_start", "legs", "driver_wall"} <= set(golden.run.durations)
+    # the CPU kernel variant: as asked (the pin's), as read from the engine's own process,
+    # with what the tool set for it; those variables are the variant's, not the environment's
+    variant = golden.engine.kernel_variant
+    assert variant is not None and variant.requested == variant.resolved == "x86_64-avx2"
+    assert variant.libraries == ["_C_AVX2.abi3.so"] and variant.torch_capability == "AVX2"
+    assert variant.env == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE",
+                           "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert not set(variant.env) & set(golden.environment or {})
+    assert golden.oracle.identity["cpu_variant"] == "x86_64-avx2"
+    # the CPU it ran on, so a bit difference under a held variant is told apart by CPU model
+    assert golden.run.host["cpu_model"] and golden.run.host["cpu_vendor"]
+
+
+@pytest.mark.slow
+def test_committed_golden_recaptures_bit_for_bit(captured: Captured) -> None:
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here). The bundled
+    golden was captured on an AMD EPYC; this host's capture, under the same held variant,
+    has the same tokens and the same top-k logprobs, bit for bit, on any CPU model."""
+    new = load_golden(captured.golden_path)
+    committed = load_golden(TINY_SPEC)
+    assert judge.first_topk_difference([p.id for p in committed.prompts],
+                                       committed.topk_table(), new.topk_table(), 20) is None
 
 
 @pytest.mark.slow

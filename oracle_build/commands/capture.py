@@ -21,6 +21,7 @@ from oracle_build.commands.common import (
     EXIT_CODES_HELP,
     Subparsers,
     add_home_args,
+    add_variant_arg,
     homes,
 )
 from oracle_build.contracts.golden import (
@@ -59,6 +60,7 @@ class Job:
     model_path: Path | None = None
     model: ModelRecord | None = None
     args: dict[str, Any] | None = None
+    variant: str | None = None  # --kernel-variant (None: the pin target's)
 
     def configuration(self) -> tuple[Oracle, Path, dict[str, Any]]:
         """The engine configuration this job runs under (prepared)."""
@@ -83,7 +85,7 @@ def make_job(path: Path, *, host_target: str | None = None, out: Path | None = N
 
 def prepare(job: Job, oracles: Oracles, home: Path) -> None:
     """Open the job's oracle (identity first), resolve its model and engine arguments."""
-    job.oracle = oracles.get(job.pin, job.target_name)
+    job.oracle = oracles.get(job.pin, job.target_name, variant=job.variant)
     job.model_path, job.model = resolve_model(job.spec.model, job.spec_path.parent, home,
                                                      job.oracle)
     job.args = engine_args(job.spec.engine, job.oracle.target)
@@ -204,10 +206,13 @@ def writable_or_refuse(folder: Path) -> None:
 def capture(paths: list[Path], *, home: Path, replace: bool = False,
             allow_nondeterministic: bool = False, target: str | None = None,
             out: Path | None = None, oracles: Oracles | None = None,
-            reason: str | None = None) -> list[Path]:
+            reason: str | None = None, kernel_variant: str | None = None) -> list[Path]:
     """Capture every spec in ``paths``; returns the goldens written. Replacing a golden
-    needs ``reason``; the new golden records it and what it replaced."""
+    needs ``reason``; the new golden records it and what it replaced. ``kernel_variant``:
+    the CPU kernel variant the engines are held to (default: each pin target's)."""
     jobs = [make_job(p, host_target=target, out=out) for p in paths]
+    for job in jobs:
+        job.variant = kernel_variant
     names = [j.golden_path for j in jobs]
     if len(set(names)) != len(names):
         raise Refused("two specs in one call write the same golden")
@@ -297,6 +302,7 @@ def register(sub: Subparsers) -> None:
                    help="publish even if the legs disagree, marked non-deterministic (never "
                    "usable for a strict gate)")
     c.add_argument("--target", help="pin target (default: detected)")
+    add_variant_arg(c, "the pin target's kernel_variant")
     add_home_args(c, with_json=False)
     c.set_defaults(func=run_capture)
 
@@ -317,7 +323,8 @@ def run_capture(args: argparse.Namespace) -> int:
                 "(its committed golden is never overwritten)")
     written = capture(paths, home=home, replace=args.replace,
                       allow_nondeterministic=args.allow_nondeterministic,
-                      target=args.target, out=out, reason=args.reason)
+                      target=args.target, out=out, reason=args.reason,
+                      kernel_variant=args.kernel_variant)
     for path in written:
         print(path)
     return EXIT_OK

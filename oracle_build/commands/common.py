@@ -130,3 +130,13 @@ def add_pin_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wheelhouse", help="wheel store keyed by pin hash; put it on storage that "
                    "survives a reimage (env ORACLE_BUILD_WHEELHOUSE, default HOME/wheelhouse)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+VARIANT_HELP = ("hold every CPU engine of this run to this kernel variant (x86_64-avx2, "
+                "x86_64-avx512, x86_64-avx512_bf16, x86_64-avx512_bf16-amx, or native: this "
+                "host's own) instead of {default}; recorded like any setting")
+
+
+def add_variant_arg(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--kernel-variant", metavar="VARIANT",
+                   help=VARIANT_HELP.format(default=default))

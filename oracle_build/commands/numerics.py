@@ -30,6 +30,7 @@ from oracle_build.commands.common import (
     EXIT_CODES_HELP,
     Subparsers,
     add_pin_args,
+    add_variant_arg,
     find_default_pin,
     homes,
     pin_and_target,
@@ -41,8 +42,10 @@ from oracle_build.contracts.reports import GoldenVerdict
 from oracle_build.contracts.spec import load_spec
 from oracle_build.core.errors import (
     EXIT_DRIFT,
+    EXIT_NOT_HERE,
     EXIT_OK,
     BadInput,
+    PreflightFailed,
 )
 from oracle_build.core.files import atomic_write_bytes, atomic_write_json, read_text
 from oracle_build.core.layout import beside_record, build_record_path, utc_now
@@ -51,6 +54,7 @@ from oracle_build.oracles import Oracle, Oracles
 
 OK_LINE = "ORACLE_NUMERICS_OK"
 DRIFT_LINE = "ORACLE_NUMERICS_DRIFT"
+NOT_HELD_LINE = "ORACLE_NUMERICS_NOT_HELD"
 CAPTURED_LINE = "ORACLE_NUMERICS_CAPTURED"
 PIN_LINE = re.compile(r'^pin\s*=\s*"[^"\n]*"\s*$', re.M)
 
@@ -64,6 +68,9 @@ class Outcome:
     exit_code: int = EXIT_OK
     line: str = OK_LINE
     drift: list[str] = field(default_factory=list)
+    # members whose tokens are exact but whose logprobs differ, captured on another CPU model:
+    # bit-identity under the held variant does not carry across those CPUs (never drift)
+    not_held: list[str] = field(default_factory=list)
 
 
 def variant_of(oracle: Oracle) -> str:
@@ -153,11 +160,20 @@ def drift_lines(v: GoldenVerdict) -> list[str]:
 
 
 def numerics(*, pin: Pin, pin_path: Path, target: str | None, battery: Path, home: Path,
-             only: list[str] | None = None) -> Outcome:
+             only: list[str] | None = None, kernel_variant: str | None = None) -> Outcome:
+    """``kernel_variant``: the CPU kernel variant whose set is verified (default: the pin
+    target's); each set's goldens re-run under the variant they recorded."""
     specs = battery_specs(battery, only)
     target_name = devices.choose_target(pin, host.host(), target)
+    lacking = devices.missing_instructions(pin.target(target_name), kernel_variant)
+    if lacking:
+        raise PreflightFailed(
+            f"CPU kernel variant {devices.held_name(pin.target(target_name), kernel_variant)} "
+            f"needs instructions this host's CPU lacks: {', '.join(lacking)}",
+            hint="its golden set is checked on a host with them; --kernel-variant chooses "
+            "another set")
     oracles = Oracles(home)
-    oracle = oracles.get(pin, target_name)  # identity first (exit 3)
+    oracle = oracles.get(pin, target_name, variant=kernel_variant)  # identity first (exit 3)
     where = set_dir(battery, pin, target_name, variant_of(oracle))
     out = Outcome(where)
     say(f"numerics battery: {len(specs)} members; golden set {where}")
@@ -176,21 +192,42 @@ def numerics(*, pin: Pin, pin_path: Path, target: str | None, battery: Path, hom
             f"{'them' if len(missing) > 1 else 'it'} (first run for this pin, target and "
             "variant)")
         placed = [place_spec(s, where / s.stem, pin_path) for s in missing]
-        capture_cmd.capture(placed, home=home, target=target_name, oracles=oracles)
+        capture_cmd.capture(placed, home=home, target=target_name, oracles=oracles,
+                            kernel_variant=kernel_variant)
         out.captured = [s.stem for s in missing]
     for v in out.verified:
-        if v.status == "drift" or (v.status == "pass" and v.logprobs_identical is False):
+        other_cpu = captured_elsewhere(Path(v.path))
+        if v.status == "pass" and v.logprobs_identical is False and other_cpu:
+            out.not_held += [f"{line} [not held across CPU models: {other_cpu}]"
+                             for line in drift_lines(v)] or [f"  {v.name}: {other_cpu}"]
+        elif v.status == "drift" or (v.status == "pass" and v.logprobs_identical is False):
             out.drift += drift_lines(v) or [f"  {v.name}: {v.why or v.status}"]
     if out.drift:
         out.exit_code, out.line = EXIT_DRIFT, DRIFT_LINE
+    elif out.not_held and out.exit_code == EXIT_OK:
+        out.exit_code, out.line = EXIT_NOT_HERE, NOT_HELD_LINE
     elif out.exit_code != EXIT_OK:
         out.line = ""  # identity / configuration / not-here: verify's report says which
     elif not present:
         out.line = CAPTURED_LINE
     out.fingerprint = fingerprint([where / s.stem / "golden.json" for s in specs])
-    if out.exit_code == EXIT_OK or out.drift:
+    if out.exit_code == EXIT_OK or out.drift or out.not_held:
         record(oracle, out, complete=only is None)
     return out
+
+
+def captured_elsewhere(golden_path: Path) -> str:
+    """'' when the golden was captured on this host's CPU model; else which CPU it was
+    (a golden from before CPU models were recorded: unrecorded)."""
+    golden = load_golden(golden_path)
+    recorded_host = golden.run.host if golden.run is not None else {}
+    here = host.cpu_model()
+    theirs = recorded_host.get("cpu_model")
+    if theirs and theirs == here["cpu_model"] and recorded_host.get("cpu_vendor") == here[
+            "cpu_vendor"]:
+        return ""
+    return (f"captured on {theirs or 'a CPU model it did not record'}, this host "
+            f"{here['cpu_model'] or 'unknown'}")
 
 
 def record(oracle: Oracle, out: Outcome, *, complete: bool) -> None:
@@ -227,6 +264,8 @@ def register(sub: Subparsers) -> None:
                     help="the battery folder: specs/ and sets/ (default goldens/numerics)")
     nm.add_argument("--only", nargs="+", metavar="NAME",
                     help="only these members (spec names in BATTERY/specs)")
+    add_variant_arg(nm, "the pin target's kernel_variant (the set of that variant is "
+                    "verified; each member re-runs under the variant it recorded)")
     nm.set_defaults(func=run_numerics)
 
 
@@ -240,7 +279,7 @@ def run_numerics(args: argparse.Namespace) -> int:
     assert isinstance(pin, Pin)
     home, _ = homes(args)
     out = numerics(pin=pin, pin_path=pin_path, target=args.target, battery=Path(args.battery),
-                   home=home, only=args.only or None)
+                   home=home, only=args.only or None, kernel_variant=args.kernel_variant)
     unusual = [v for v in out.verified if v.status != "pass" or not v.logprobs_identical]
     if unusual:  # the whole verify report for members that did not pass bit for bit
         print(render(VerifyReport(report_schema=VERIFY_REPORT_SCHEMA, created_utc="",
@@ -255,7 +294,7 @@ def run_numerics(args: argparse.Namespace) -> int:
         print(f"  commit it: git add {out.set_dir}")
     if out.line:
         print(out.line + (f" {out.fingerprint}" if out.fingerprint else ""))
-    for line in out.drift:
+    for line in out.drift + out.not_held:
         print(line)
     if args.only:
         say("(fingerprint over the members run with --only, not the whole battery)")

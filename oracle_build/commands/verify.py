@@ -15,10 +15,10 @@ from typing import Any
 
 from oracle_build import devices, engine, goldens, host, judge, pages
 from oracle_build.commands.common import (
-    DEFAULT_SPEC,
     EXIT_CODES_HELP,
     Subparsers,
     add_home_args,
+    add_variant_arg,
     homes,
 )
 from oracle_build.contracts.base import printable
@@ -31,7 +31,7 @@ from oracle_build.contracts.golden import (
     load_golden,
     recorded,
 )
-from oracle_build.contracts.pins import Pin
+from oracle_build.contracts.pins import Pin, Target
 from oracle_build.contracts.reports import (
     VERIFY_REPORT_SCHEMA,
     FieldDiff,
@@ -49,7 +49,7 @@ from oracle_build.core.errors import (
     EXIT_OK,
     BadInput,
 )
-from oracle_build.core.layout import captures_dir, utc_now
+from oracle_build.core.layout import utc_now
 from oracle_build.core.log import say
 from oracle_build.models import recorded_model
 from oracle_build.oracles import Oracle, Oracles, opened
@@ -57,17 +57,6 @@ from oracle_build.report import UNRECORDED_BANNER, ci_reports, render, verdict_w
 from oracle_build.runs import by_engine, engine_args, run_from_golden
 
 IDENTITY_FIELDS = ("vllm", "torch", "transformers", "flashinfer", "device")
-OTHER_VARIANT = "captured under CPU kernel variant"
-
-
-def only_other_variants(report: VerifyReport) -> bool:
-    """Nothing failed, and what was not verified is only so for another CPU kernel variant:
-    the goldens are another machine's numbers, not drift."""
-    skipped = [v for v in report.goldens if v.status == "not_verifiable_here"]
-    return bool(skipped) and all(v.why.startswith(OTHER_VARIANT) for v in skipped) and all(
-        v.status in ("pass", "not_verifiable_here") for v in report.goldens)
-
-
 def records_complete(rec: Recorded, path: Path) -> None:
     """A golden must carry what it takes to re-derive it; refuse one that does not."""
     golden = rec.golden
@@ -144,6 +133,8 @@ class Item:
     args: dict[str, Any] = field(default_factory=dict)
     # verify --oracle: the oracle is knowingly not the golden's; run anyway, report this
     oracle_differs: list[FieldDiff] = field(default_factory=list)
+    # the CPU kernel variant its engine is held to (the golden's own, or --kernel-variant)
+    variant: str | None = None
 
     def configuration(self) -> tuple[Oracle, Path, dict[str, Any]]:
         """The engine configuration this golden re-runs under (once it is to run)."""
@@ -211,12 +202,15 @@ def discover(paths: list[Path]) -> list[Path]:
 
 def verify(paths: list[Path], *, home: Path, oracles: Oracles | None = None,
            pin_override: Pin | None = None, cross_target: bool = False,
-           page: pages.PageData | None = None) -> VerifyReport:
+           page: pages.PageData | None = None,
+           kernel_variant: str | None = None) -> VerifyReport:
     """``page``: filled with what an HTML report shows of each golden that ran (its
     prompts, the token pieces, the oracle). ``pin_override``: run every golden on this
     pin's oracle instead of the golden's own (identity then reports what differs).
     ``cross_target``: run a golden recorded for another target on this host's target
-    (reported at identity level, not adjudicable)."""
+    (reported at identity level, not adjudicable). ``kernel_variant``: hold every CPU
+    engine to this variant instead of each golden's own (a difference is then a
+    configuration difference)."""
     items: list[Item] = []
     verdicts: list[GoldenVerdict] = []
     for path in discover(paths):
@@ -237,11 +231,12 @@ def verify(paths: list[Path], *, home: Path, oracles: Oracles | None = None,
                 item.oracle_differs.append(FieldDiff(
                     field="target", golden=rec.oracle.target, current=item.target_name,
                     cls="identity"))
-            variant = rec.oracle.identity.get("cpu_variant")
-            if variant and variant != host.host().cpu_variant:
-                item.oracle_differs.append(FieldDiff(
-                    field="cpu_variant", golden=variant, current=host.host().cpu_variant,
-                    cls="identity"))
+            target = pin.target(item.target_name)
+            item.variant = run_variant(rec, path, target, kernel_variant)
+            lacking = devices.missing_instructions(target, item.variant)
+            if lacking:
+                verdicts.append(lacks(golden, path, item.variant, lacking))
+                continue
             items.append(item)
             continue
         if rec.oracle.target not in pin.model.targets:
@@ -256,24 +251,21 @@ def verify(paths: list[Path], *, home: Path, oracles: Oracles | None = None,
                 why=f"target {rec.oracle.target}: {why}; its records are complete (run it "
                 "here anyway: --cross-target)", adjudicable=False))
             continue
-        variant = rec.oracle.identity.get("cpu_variant")
-        here = host.host().cpu_variant
-        if devices.module(target).BY_CPU_VARIANT and variant and variant != here:
-            # vLLM's CPU build picks its kernels by the CPU: another variant's numbers are
-            # not this host's to reproduce, and a difference would not be drift
-            verdicts.append(GoldenVerdict(
-                name=golden.name, path=str(path), status="not_verifiable_here",
-                why=f"{OTHER_VARIANT} {variant}; this host runs {here} "
-                "(vLLM's CPU build loads other kernels here): not verifiable here, not drift; "
-                "its records are complete", adjudicable=False))
+        variant = run_variant(rec, path, target, kernel_variant)
+        lacking = devices.missing_instructions(target, variant)
+        if lacking:
+            # the golden's numbers come from kernels this CPU cannot run: not drift
+            verdicts.append(lacks(golden, path, variant, lacking))
             continue
-        items.append(Item(path, rec, pin, reason, target_name=rec.oracle.target))
+        items.append(Item(path, rec, pin, reason, target_name=rec.oracle.target,
+                          variant=variant))
     # an engine will run: each oracle's identity is probed inside its engine host
     with opened(home, oracles, engine_for=("verify", items[0].rec.golden.name)
                        if items else None) as oracles:
         to_run: list[Item] = []
         for item in items:
-            oracle = oracles.get(item.pin, item.target_name, require=False)
+            oracle = oracles.get(item.pin, item.target_name, require=False,
+                                 variant=item.variant)
             if not oracle.identity.ok:
                 item.verdict = GoldenVerdict(
                     name=item.rec.golden.name, path=str(item.path), status="oracle_mismatch",
@@ -322,6 +314,32 @@ def verify(paths: list[Path], *, home: Path, oracles: Oracles | None = None,
     verdicts = [i.verdict for i in items if i.verdict is not None] + verdicts
     return VerifyReport(report_schema=VERIFY_REPORT_SCHEMA, created_utc=utc_now(),
                         exit_code=exit_code(verdicts), goldens=verdicts)
+
+
+def run_variant(rec: Recorded, path: Path, target: Target,
+                asked: str | None) -> str | None:
+    """The CPU kernel variant a golden re-runs under: ``asked`` (--kernel-variant), else the
+    one it recorded (read from its engine; for an older golden, its identity's), so a golden
+    holds on every CPU that has its variant's instructions. None: the pin target's."""
+    variant = asked or rec.kernel_variant
+    if variant is None or not devices.module(target).BY_CPU_VARIANT:
+        return None
+    known = devices.known_variants(target)
+    if variant not in known:
+        where = ("--kernel-variant" if asked else "engine.kernel_variant.resolved"
+                 if rec.engine.kernel_variant is not None else "oracle.identity.cpu_variant")
+        raise BadInput(path if not asked else Path("--kernel-variant"),
+                       [(where, f"{printable(variant)} is not a CPU kernel variant of an "
+                         f"{target.machine} oracle (known: {', '.join(known)})")])
+    return variant
+
+
+def lacks(golden: Golden, path: Path, variant: str | None, lacking: list[str]) -> GoldenVerdict:
+    return GoldenVerdict(
+        name=golden.name, path=str(path), status="not_verifiable_here",
+        why=f"captured under CPU kernel variant {variant}, whose instructions this host's CPU "
+        f"lacks ({', '.join(lacking)}): not verifiable here, not drift; its records are "
+        "complete", adjudicable=False)
 
 
 def offline_verdict(golden: Golden, path: Path) -> GoldenVerdict:
@@ -418,6 +436,8 @@ def register(sub: Subparsers) -> None:
                    "then per prompt the tokens shaded by the golden's top-2 margin, the "
                    "first divergence and both continuations, the top-k on hover (opens "
                    "from a CI artifact; nothing else changes)")
+    add_variant_arg(v, "each golden's own (a variant other than the golden's is a "
+                    "configuration difference, exit 4)")
     v.add_argument("--cross-target", action="store_true",
                    help="run goldens recorded for another target on this host's target of "
                    "their pin (or of --oracle's): the target difference is reported at "
@@ -454,8 +474,6 @@ def write_page(report: VerifyReport, data: pages.PageData, path: Path) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from oracle_build.commands.capture import capture
-
     home, _ = homes(args)
     pin_override = None
     if args.oracle:
@@ -464,7 +482,8 @@ def run_verify(args: argparse.Namespace) -> int:
         pin_override = load_pin(Path(args.oracle))
     page = pages.PageData() if args.html else None
     report = verify([Path(p) for p in args.goldens], home=home, pin_override=pin_override,
-                    cross_target=args.cross_target, page=page)
+                    cross_target=args.cross_target, page=page,
+                    kernel_variant=args.kernel_variant)
     if args.json:
         print(report.model_dump_json(indent=2))
     else:
@@ -472,22 +491,4 @@ def run_verify(args: argparse.Namespace) -> int:
     ci_reports(report, junit_path=args.junit_xml, summary_path=args.summary_md)
     if page is not None:
         write_page(report, page, Path(args.html))
-    if not args.goldens and only_other_variants(report) and DEFAULT_SPEC.is_dir():
-        # The main job on a machine of another CPU kernel variant (AVX2 vs AVX-512 BF16 vs
-        # AMX): the bundled goldens are not this host's numbers. End well, and prove what
-        # this host can: capture the embedded default here, then verify that capture.
-        say(f"the bundled goldens were captured under another CPU kernel variant (this host: "
-            f"{host.host().cpu_variant}); proving what this host can instead: capturing "
-            f"{DEFAULT_SPEC} here and verifying that capture")
-        written = capture([DEFAULT_SPEC], home=home, out=captures_dir(home))
-        page = pages.PageData() if args.html else None
-        own = verify(written, home=home, page=page)
-        print(own.model_dump_json(indent=2) if args.json else render(own))
-        ci_reports(own, junit_path=args.junit_xml, summary_path=args.summary_md)
-        if page is not None:
-            write_page(own, page, Path(args.html))
-        if own.exit_code == EXIT_OK:
-            print(f"this host's own capture verified ({written[0]}); the bundled goldens are "
-                  "NOT VERIFIABLE HERE (another CPU kernel variant), not drift")
-        return own.exit_code
     return report.exit_code

@@ -51,6 +51,8 @@ class DriverResult(Strict):
     arrays_file: str | None = None
     pieces: dict[str, str] | None = None  # token id -> its text, when the request asked
     resolved_after: dict[str, dict[str, Any]] | None = None
+    # CPU targets: the kernel library this process mapped, torch's dispatch level, the hold
+    cpu_kernels: dict[str, Any] | None = None
     error: str | None = None
     traceback: str | None = None
     seconds: float | None = None

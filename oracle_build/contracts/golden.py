@@ -79,11 +79,26 @@ class ModelRecord(Strict):
     generation_config_sha256: str | None
 
 
+class KernelVariantRecord(Strict):
+    """The CPU kernel variant the engine ran under (CPU targets): as asked (a variant, or
+    "native"), and as read back from the engine's own process: the kernel library it mapped,
+    torch's dispatch level, and the variables the tool set for it."""
+
+    requested: str | None
+    resolved: str | None
+    libraries: list[str] = Field(default_factory=list)
+    torch_capability: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+
 class EngineRecord(Strict):
     requested: dict[str, EngineValue]
     resolved: dict[str, ReadValue | Unreadable]
     backends: dict[str, BackendValue | Unreadable]
     start_seconds: float | None = None
+    # None: a golden captured before variants were held (its identity's cpu_variant says
+    # which variant it ran, detected; it is held to that one)
+    kernel_variant: KernelVariantRecord | None = None
 
 
 class LegsRecord(Strict):
@@ -419,6 +434,16 @@ class Recorded:
     batch: dict[str, Any]
     environment: dict[str, str]
     logprobs: int
+
+    @property
+    def kernel_variant(self) -> str | None:
+        """The CPU kernel variant the golden's engine ran under: as read from its process,
+        or, for a golden captured before variants were held, the one its identity detected
+        (it is held to that one). None: a target whose numbers do not depend on it."""
+        if self.engine.kernel_variant is not None:
+            return self.engine.kernel_variant.resolved
+        variant = self.oracle.identity.get("cpu_variant")
+        return variant if isinstance(variant, str) else None
 
 
 def recorded(golden: Golden, path: Path) -> Recorded:

@@ -209,8 +209,26 @@ class TargetBase(Strict):
     _env = field_validator("env", "build_env")(lambda v: _check_env(v))
 
 
+# The CPU kernel variants a CPU target may hold its engines to (oracle_build/devices/cpu.py
+# says what each is; a test keeps the two lists equal). "native": the host's own.
+KernelVariant = Literal["native", "x86_64-avx2", "x86_64-avx512", "x86_64-avx512_bf16",
+                        "x86_64-avx512_bf16-amx", "aarch64"]
+
+
 class CpuTarget(TargetBase):
     device: Literal["cpu"]
+    # The kernel variant every engine of this target runs under, on any host whose CPU has
+    # its instructions, so one golden holds on every CPU model. How the oracle runs, not what
+    # is built: outside the pin's hash (goldens record it as configuration).
+    kernel_variant: KernelVariant = "native"
+
+    @model_validator(mode="after")
+    def _variant_machine(self) -> CpuTarget:
+        v = self.kernel_variant
+        if v != "native" and not (v == self.machine or v.startswith(self.machine + "-")):
+            raise ValueError(f"kernel_variant {v!r} is not a variant of an {self.machine} "
+                             "CPU")
+        return self
 
 
 def _shaped(pattern: str, example: str) -> AfterValidator:
@@ -431,6 +449,7 @@ def hashed_form(model: PinModel) -> dict[str, Any]:
                 ext.pop(name, None)
     flat_fields = set(FLAT_TARGET_DEFAULTS) | {"device", "machine"}
     for name, target in data["targets"].items():
+        target.pop("kernel_variant", None)  # how engines run, not what is built
         flat = {**FLAT_TARGET_DEFAULTS, **target}
         # fields added after schema 1 count only when set
         data["targets"][name] = {k: v for k, v in flat.items()

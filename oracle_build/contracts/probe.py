@@ -76,6 +76,7 @@ class ProbeFacts(Strict):
     extensions: list[ProbeExtension] | None = None
     vllm_package: dict[str, Any] | None = None  # commit_id, rust_frontend
     cpu_kernels: dict[str, Any] | None = None  # the CPU kernel library loaded, the variant
+    hold_error: str | None = None  # the kernel variant's hold failed in the probe's process
     # added by the harness: the machine it ran on, and the staging path of a moved venv
     machine: str | None = None
     relocated_from: str | None = None

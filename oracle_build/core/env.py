@@ -19,7 +19,14 @@ SCRUBBED = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP",
 BUILD_DROPPED_PREFIXES = ("UV_", "SETUPTOOLS_SCM_PRETEND", "VLLM_USE_PRECOMPILED", "GIT_")
 # Recorded in goldens and logs: every variable that can change what vLLM computes.
 RECORDED_PREFIXES = ("VLLM_", "CUDA", "TORCH", "TRITON_", "FLASHINFER_", "NCCL", "CUBLAS",
-                     "OMP_", "KMP_", "MKL_", "PYTORCH_", "LD_", "HIP_", "ROCM_")
+                     "OMP_", "KMP_", "MKL_", "PYTORCH_", "LD_", "HIP_", "ROCM_", "ATEN_",
+                     "ONEDNN_", "DNNL_")
+# Move CPU numerics below vLLM: torch's dispatch level, oneDNN's maximum ISA (both spellings),
+# MKL's conditional numerical reproducibility and instruction cap. A caller's values never
+# reach the oracle (scrubbed, and said); under a held kernel variant the tool sets them from
+# the variant (oracle_build/devices/cpu.py), and the golden records them with the variant.
+CPU_NUMERICS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_CBWR",
+                "MKL_ENABLE_INSTRUCTIONS")
 # Shown in a command's log when the environment it ran under differs from ours.
 SHOWN_PREFIXES = ("VLLM_", "PYTHON", "CUDA", "TORCH", "CMAKE", "PIP_", "UV_", "GIT_")
 
@@ -54,8 +61,16 @@ def oracle_env(overlay: Mapping[str, str] | None = None) -> dict[str, str]:
         say(f"note: {', '.join(untold)} not passed to the oracle (the shared libraries it "
             "maps are part of its identity; a pin's target env may set them)")
         _told.update(untold)
+    numerics = sorted(k for k in os.environ if k in CPU_NUMERICS)
+    untold = [k for k in numerics if k not in _told]
+    if untold:
+        shown = ", ".join(f"{k}={os.environ[k]!r}" for k in untold)
+        say(f"note: {shown} not passed to the oracle (they move CPU numerics: the kernel "
+            "variant the run holds sets them; a pin's kernel_variant or --kernel-variant "
+            "chooses it)")
+        _told.update(untold)
     env = {k: v for k, v in os.environ.items()
-           if k not in SCRUBBED and not k.startswith(LOADER_PREFIX)}
+           if k not in SCRUBBED and k not in CPU_NUMERICS and not k.startswith(LOADER_PREFIX)}
     env.update(ORACLE_RUN)
     env.update(overlay or {})
     return env

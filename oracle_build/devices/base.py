@@ -6,6 +6,7 @@ import tempfile
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -15,6 +16,35 @@ if TYPE_CHECKING:
     from oracle_build.host import Host
 
 Mismatch = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class Hold:
+    """The CPU kernel variant a run's processes are held to. ``requested``: as asked (a
+    variant, or "native"); ``variant``: the one that must be in force (the host's own under
+    native); ``env``: what the tool sets for it; ``inside``: the hold the inside scripts
+    apply before vLLM imports its kernels (JSON; None: nothing to apply)."""
+
+    requested: str | None
+    variant: str | None
+    env: dict[str, str] = field(default_factory=dict)
+    inside: str | None = None
+    library: str | None = None
+    torch_capability: str | None = None
+
+
+NO_HOLD = Hold(requested=None, variant=None)
+
+
+def no_hold(target: Target, asked: str | None, flags: frozenset[str],
+            host_variant: str | None) -> Hold:
+    """``hold`` for a device whose numbers do not depend on the host CPU's kernel variant."""
+    if asked not in (None, "native"):
+        from oracle_build.core.errors import PreflightFailed
+
+        raise PreflightFailed(f"CPU kernel variant {asked}: a {target.device} target runs no "
+                              "CPU kernel variant", hint="--kernel-variant is for CPU targets")
+    return NO_HOLD
 
 
 class DeviceModule(Protocol):
@@ -50,8 +80,14 @@ class DeviceModule(Protocol):
         what is not the target's."""
 
     def device_mismatches(self, target: Target, facts: dict[str, Any],
-                          host_variant: str | None) -> list[Mismatch]:
-        """The probe's device facts (machine, GPU, kernel variant) against the target."""
+                          held: Hold) -> list[Mismatch]:
+        """The probe's device facts (machine, GPU, kernel variant) against the target and
+        the kernel variant the run is held to."""
+
+    def hold(self, target: Target, asked: str | None, flags: frozenset[str],
+             host_variant: str | None) -> Hold:
+        """The kernel variant this run's processes are held to (NO_HOLD: a device whose
+        numbers do not depend on the host CPU); PreflightFailed when the host cannot."""
 
     def fits(self, target: Target, h: Host) -> tuple[bool, str]:
         """Whether the host's hardware is this target's (machine already checked)."""

@@ -1,15 +1,21 @@
 """The CPU target: vLLM's CPU build on x86_64 or aarch64, no GPU. Its numbers depend on the
-kernel library vLLM loads for this CPU (AVX2 or AVX-512), so the loaded variant is part of
-its identity, and its KV cache is always bounded (left alone, the engine sizes it from free
-host memory: 21 GiB of 24 seen)."""
+kernel library vLLM loads (AVX2, AVX-512, AVX-512 BF16) and on torch's, oneDNN's and MKL's
+own dispatch by the CPU. So the kernel variant is a setting the oracle *holds*: every engine
+runs under the variant its pin (or golden, or ``--kernel-variant``) names, on any host whose
+CPU has that variant's instructions (``hold``), and identity proves from the running process
+which variant was in force. Its KV cache is always bounded (left alone, the engine sizes it
+from free host memory: 21 GiB of 24 seen)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from oracle_build.core.env import CPU_NUMERICS
 from oracle_build.core.errors import PreflightFailed
-from oracle_build.devices.base import Mismatch
+from oracle_build.devices.base import Hold, Mismatch
 
 if TYPE_CHECKING:
     from oracle_build.build.plan import Plan
@@ -22,6 +28,110 @@ GPU = False
 BUILD_MEMORY_FLOOR_GIB = 2.0
 BUILD_DISK_GIB = 8.0
 BY_CPU_VARIANT = True
+
+# The pin's word for "whatever this host's CPU calls for" (today's behaviour before holding).
+NATIVE = "native"
+# The variable the inside scripts read the hold from (they import nothing from the harness).
+HOLD_VARIABLE = "ORACLE_BUILD_CPU_HOLD"
+# torch.cpu's predicates, as vLLM asks them (vllm/platforms/cpu.py import_kernels chooses its
+# kernel library by the first two; attention, MoE, linear and GDN kernels by the others).
+PREDICATES = ("_is_avx2_supported", "_is_avx512_supported", "_is_avx512_bf16_supported",
+              "_is_vnni_supported", "_is_amx_tile_supported", "_is_amx_fp16_supported")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One kernel variant of vLLM's x86_64 CPU build, and how a process is held to it."""
+
+    name: str
+    flags: tuple[str, ...]  # the /proc/cpuinfo flags a host needs to run it
+    library: str  # the vllm extension it maps (the module is vllm._C either way)
+    torch_capability: str  # torch.backends.cpu.get_cpu_capability() under it
+    env: dict[str, str]
+    predicates: dict[str, bool] = field(default_factory=dict)
+
+
+_AVX2 = ("avx2", "fma", "f16c")
+_AVX512 = (*_AVX2, "avx512f", "avx512bw", "avx512vl", "avx512dq")
+_OFF = dict.fromkeys(PREDICATES, False)
+# MKL's conditional numerical reproducibility in its COMPATIBLE mode: one code path on Intel
+# and AMD CPUs alike. Measured (docs/numerics.md): with MKL_CBWR=AVX2 (or AVX512) or unset,
+# the AMD-captured nemotron-h (AVX2) and gemma2 (AVX-512 BF16) goldens differed on an Intel
+# Xeon by 1.9e-6 and 4.8e-7 nats; with COMPATIBLE, bit for bit.
+_MKL = {"MKL_CBWR": "COMPATIBLE"}
+VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    Variant("x86_64-avx2", _AVX2, "_C_AVX2", "AVX2",
+            {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             **_MKL},
+            {**_OFF, "_is_avx2_supported": True}),
+    Variant("x86_64-avx512", _AVX512, "_C_AVX512", "AVX512",
+            {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+             **_MKL},
+            {**_OFF, "_is_avx2_supported": True, "_is_avx512_supported": True}),
+    Variant("x86_64-avx512_bf16", (*_AVX512, "avx512_bf16", "avx512_vnni"), "_C", "AVX512",
+            {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
+             **_MKL},
+            {**_OFF, "_is_avx2_supported": True, "_is_avx512_supported": True,
+             "_is_avx512_bf16_supported": True, "_is_vnni_supported": True}),
+    Variant("x86_64-avx512_bf16-amx",
+            (*_AVX512, "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"), "_C", "AVX512",
+            {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX",
+             **_MKL},
+            {**_OFF, "_is_avx2_supported": True, "_is_avx512_supported": True,
+             "_is_avx512_bf16_supported": True, "_is_vnni_supported": True,
+             "_is_amx_tile_supported": True}),
+)}
+# aarch64's CPU build has one kernel library: its variant is the machine's name, and holding
+# it changes nothing.
+ONE_LIBRARY = ("aarch64",)
+
+
+def known_variants(machine: str) -> list[str]:
+    if machine == "x86_64":
+        return [NATIVE, *VARIANTS]
+    return [NATIVE, machine]
+
+
+def missing_flags(variant: str, flags: frozenset[str]) -> list[str]:
+    """The instructions ``variant`` needs that a CPU with ``flags`` lacks."""
+    v = VARIANTS.get(variant)
+    return [f for f in v.flags if f not in flags] if v else []
+
+
+def held_variant(target: Target, asked: str | None) -> str:
+    """The variant this run's engines are held to: ``asked`` (a golden's recorded variant,
+    ``--kernel-variant``) or else the pin target's; ``native`` is the host's own."""
+    name = asked or getattr(target, "kernel_variant", NATIVE)
+    known = known_variants(target.machine)
+    if name not in known:
+        raise PreflightFailed(
+            f"CPU kernel variant {name!r} is not one an {target.machine} oracle runs",
+            hint=f"one of: {', '.join(known)}")
+    return name
+
+
+def hold(target: Target, asked: str | None, flags: frozenset[str],
+         host_variant: str | None) -> Hold:
+    """How this run's processes are held to their variant: the environment the tool sets
+    and the torch.cpu answers vLLM reads. A host without the variant's instructions is
+    refused, naming them (a golden's verify says NOT VERIFIABLE HERE before this)."""
+    name = held_variant(target, asked)
+    if name == NATIVE or name in ONE_LIBRARY:
+        return Hold(requested=name, variant=host_variant, env={}, inside=None)
+    v = VARIANTS[name]
+    lacking = missing_flags(name, flags)
+    if lacking:
+        raise PreflightFailed(
+            f"CPU kernel variant {name} needs instructions this host's CPU lacks: "
+            f"{', '.join(lacking)} (this host runs {host_variant})",
+            hint="run it on a host with them, or pass --kernel-variant for one this CPU has")
+    inside = json.dumps({"variant": name, "library": v.library,
+                         "torch_capability": v.torch_capability,
+                         "predicates": v.predicates}, sort_keys=True)
+    assert set(v.env) <= set(CPU_NUMERICS)
+    return Hold(requested=name, variant=name, env={**v.env, HOLD_VARIABLE: inside},
+                inside=inside,
+                library=v.library, torch_capability=v.torch_capability)
 
 
 def build_env(target: Target, env: dict[str, str]) -> None:
@@ -44,18 +154,36 @@ def compiled(target: Target, libraries: list[str]) -> tuple[list[str] | None, li
     return None, []
 
 
-def device_mismatches(target: Target, facts: dict[str, Any],
-                      host_variant: str | None) -> list[Mismatch]:
+def device_mismatches(target: Target, facts: dict[str, Any], held: Hold) -> list[Mismatch]:
     bad: list[Mismatch] = []
     if facts.get("machine") != target.machine:
         bad.append(("machine", target.machine, str(facts.get("machine"))))
-    kernels = facts.get("cpu_kernels") or {}
+    kernels = facts.get("cpu_kernels")
+    if kernels is None:
+        return bad
+    bad += variant_mismatches(held, kernels)
+    return bad
+
+
+def variant_mismatches(held: Hold, kernels: dict[str, Any]) -> list[Mismatch]:
+    """The variant in force in a process (its mapped kernel library, torch's dispatch level,
+    the hold it applied) against the one asked for: another variant is never a silent run."""
+    bad: list[Mismatch] = []
     loaded = kernels.get("variant")
-    if loaded is not None and loaded != host_variant:
-        # vLLM fell back to another kernel library than this CPU calls for (a failed
-        # import is only a warning in vLLM): its numerics are not this host's
-        bad.append(("cpu kernel variant", str(host_variant), f"{loaded} (libraries loaded: "
-                    f"{', '.join(kernels.get('loaded') or [])})"))
+    libraries = ", ".join(kernels.get("loaded") or []) or "none"
+    if loaded != held.variant:
+        # vLLM fell back to another kernel library than asked for (a failed import is only
+        # a warning in vLLM), or the hold did not take: its numerics are not the variant's
+        bad.append(("cpu kernel variant", str(held.variant),
+                    f"{loaded} (libraries loaded: {libraries})"))
+    if held.inside is None:
+        return bad
+    if kernels.get("held") != held.variant:
+        bad.append(("cpu kernel variant held", str(held.variant),
+                    f"{kernels.get('held')} (the process did not apply the hold)"))
+    if kernels.get("torch_capability") != held.torch_capability:
+        bad.append(("torch cpu capability", str(held.torch_capability),
+                    str(kernels.get("torch_capability"))))
     return bad
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from oracle_build import archsets, host
 from oracle_build.contracts.pins import CudaTarget
 from oracle_build.core.errors import BuildFailed, PreflightFailed
-from oracle_build.devices.base import Mismatch
+from oracle_build.devices.base import Hold, Mismatch, no_hold
 
 if TYPE_CHECKING:
     from oracle_build.build.plan import Plan
@@ -25,6 +25,7 @@ GPU = True
 BUILD_MEMORY_FLOOR_GIB = 16.0
 BUILD_DISK_GIB = 60.0
 BY_CPU_VARIANT = False
+hold = no_hold
 
 
 def _cuda(target: Target) -> CudaTarget:
@@ -85,7 +86,7 @@ def compiled(target: Target, libraries: list[str]) -> tuple[list[str] | None, li
 
 
 def device_mismatches(target: Target, facts: dict[str, Any],
-                      host_variant: str | None) -> list[Mismatch]:
+                      held: Hold) -> list[Mismatch]:
     t = _cuda(target)
     torch = (facts.get("modules") or {}).get("torch", {})
     want = f"{t.device_name} sm_{t.compute_capability.replace('.', '')}"

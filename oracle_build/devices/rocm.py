@@ -15,7 +15,7 @@ from oracle_build.contracts.pins import RocmTarget
 from oracle_build.core import env as envmod
 from oracle_build.core import proc
 from oracle_build.core.errors import BuildFailed, PreflightFailed
-from oracle_build.devices.base import Mismatch
+from oracle_build.devices.base import Hold, Mismatch, no_hold
 
 if TYPE_CHECKING:
     from oracle_build.build.plan import Plan
@@ -28,6 +28,7 @@ GPU = True
 BUILD_MEMORY_FLOOR_GIB = 16.0
 BUILD_DISK_GIB = 60.0
 BY_CPU_VARIANT = False
+hold = no_hold
 DEFAULT_ROCM_HOME = "/opt/rocm"
 
 
@@ -99,7 +100,7 @@ def compiled(target: Target, libraries: list[str]) -> tuple[list[str] | None, li
 
 
 def device_mismatches(target: Target, facts: dict[str, Any],
-                      host_variant: str | None) -> list[Mismatch]:
+                      held: Hold) -> list[Mismatch]:
     """torch built for the pinned HIP version, and the first visible GPU by name and gfx
     arch (``gcnArchName``, target-id features such as ``:sramecc+:xnack-`` aside)."""
     t = _rocm(target)

@@ -272,15 +272,27 @@ def audit_weights(audit):
     loader_cls.load_weights = load_weights
 
 
+_PROBE = []
+
+
+def probe_module():
+    """probe.py beside this script, loaded once (the hold and the kernel facts live there)."""
+    if not _PROBE:
+        import importlib.util
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        spec = importlib.util.spec_from_file_location("oracle_probe",
+                                                      os.path.join(here, "probe.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _PROBE.append(module)
+    return _PROBE[0]
+
+
 def serve(argv):
     """Probe, then wait for the harness: ``run REQ OUT`` or ``exit``."""
-    import importlib.util
-
     env_before = dict(os.environ)
-    here = os.path.dirname(os.path.abspath(__file__))
-    spec = importlib.util.spec_from_file_location("oracle_probe", os.path.join(here, "probe.py"))
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = probe_module()
     probe.main([argv[0], *argv[2:]])
     print("driver: identity facts written; waiting for the harness", flush=True)
     line = sys.stdin.readline().split()
@@ -302,6 +314,8 @@ def main(argv, env_before=None):
     before = env_before if env_before is not None else os.environ
     result["env"] = {k: v for k, v in sorted(before.items()) if k.startswith(prefixes)}
     try:
+        probe = probe_module()
+        probe.hold_kernel_variant()  # before vLLM imports its kernels (when held)
         import torch
         import vllm
         from vllm import LLM, SamplingParams
@@ -318,6 +332,8 @@ def main(argv, env_before=None):
         start = time.monotonic()
         llm = LLM(model=req["model"], **req["engine_args"])
         result["engine_start_seconds"] = round(time.monotonic() - start, 3)
+        if req.get("cpu_kernels"):  # the variant in force, read from this process
+            result["cpu_kernels"] = probe.cpu_kernels(None)
         vllm_config = llm.llm_engine.vllm_config
         result["resolved"] = resolved_config(vllm_config)
         result["backends"] = chosen_backends(vllm_config)

