@@ -108,3 +108,24 @@ def test_reliability_quick(tmp_path: Path) -> None:
     tried = re.search(r"\| \*\*all readers\*\* \| \*\*([0-9]+)\*\* \|", text)
     assert tried is not None and int(tried.group(1)) > 0
     assert (REPO / "docs" / "reliability.md").read_text() == before
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_variant_quick(cpu_oracle: BuiltOracle) -> None:
+    """variant.py --quick: capture and verify of the embedded default under the held
+    variant and under native, paired. Slow: four engine starts are what it measures."""
+    out = bench("variant.py", "--quick", "--home", str(cpu_oracle.home))
+    for label in ("capture held", "capture native", "verify held", "verify native"):
+        figure(out, label)
+    figure(out, "capture: held / native", RATIO)
+    figure(out, "verify: held / native", RATIO)
+
+
+def test_every_benchmark_script_runs_here() -> None:
+    """A script under benchmarks/ without a quick-mode run in this file would rot unseen."""
+    source = Path(__file__).read_text()
+    scripts = sorted(p.name for p in BENCH.glob("*.py") if p.name != "__init__.py")
+    run_by_all = {"ci_speed.py", "recovery.py"}  # all.py runs their quick modes
+    missing = [s for s in scripts if s not in run_by_all and f'bench("{s}"' not in source]
+    assert not missing, missing

@@ -252,3 +252,36 @@ def test_another_variant_than_the_goldens_is_a_configuration_difference(
     assert main(["verify", str(folder), "--kernel-variant", "x86_64-sse", "--home",
                  str(cpu_oracle.home)]) == EXIT_BAD_INPUT
     assert "--kernel-variant" in capsys.readouterr().err
+
+
+def test_a_logprob_difference_from_another_cpu_model_is_not_held_never_drift(
+        tmp_path: Path) -> None:
+    from oracle_build.commands.numerics import differences
+    from oracle_build.contracts.reports import GoldenVerdict
+
+    folder = copy_tree_for_golden(tmp_path)
+    doc = json.loads((folder / "golden.json").read_text())
+    here = host.cpu_model()
+
+    def verdict(cpu: dict[str, typing.Any], status: str = "pass") -> GoldenVerdict:
+        doc["run"]["host"].update(cpu)
+        (folder / "golden.json").write_text(json.dumps(doc))
+        tokens = [] if status == "pass" else [{"prompt": "capital", "index": 3,
+                                               "golden_token": 1, "new_token": 2,
+                                               "golden_margin": 0.1, "kind": "near_tie"}]
+        return GoldenVerdict(
+            name="gemma2", path=str(folder / "golden.json"), status=status, why="",  # type: ignore[arg-type]
+            tokens=tokens, logprobs_identical=False,
+            logprobs_difference={"prompt": "capital", "position": 1, "max_abs_delta": 4.8e-7,
+                                 "golden": [[156, -3.78]], "current": [[156, -3.78]]})
+
+    other = verdict({"cpu_vendor": "AuthenticAMD", "cpu_model": "AMD EPYC 9B14"})
+    drift, not_held = differences([other])
+    assert drift == [] and len(not_held) == 1
+    assert "not held across CPU models: captured on AMD EPYC 9B14" in not_held[0]
+    same = verdict(here)  # this very CPU model: a logprob difference is drift
+    drift, not_held = differences([same])
+    assert not_held == [] and "top-k logprobs differ" in drift[0]
+    moved = verdict({"cpu_vendor": "AuthenticAMD", "cpu_model": "AMD EPYC 9B14"}, "drift")
+    drift, not_held = differences([moved])  # a token that moved is drift on any CPU
+    assert not_held == [] and "prompt capital position 3" in drift[0]

@@ -28,7 +28,8 @@ EXIT_CODES_HELP = """exit codes:
   8  refused: would overwrite a golden, lock held with --no-wait, legs disagree
   9  source: shallow clone, dirty tree, wrong commit, unsafe git transport
   10 a pin value the step needs is recorded as unestablished
-  11 verify: a golden's target or CPU kernel variant is not this host's (records still checked)
+  11 verify: a golden's target is not this host's, or this CPU lacks its kernel variant's
+     instructions (named; records still checked); ORACLE_NUMERICS_NOT_HELD
   12 the vLLM engine failed to start or to generate (log tail and path shown)
   13 the model's files are not the ones the spec or golden pins (sha256)
   14 an output could not be written (read-only folder, disk full, a path under a file)
