@@ -11,7 +11,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from oracle_build.contracts.base import safe_name
+from oracle_build import devices
+from oracle_build.contracts.base import printable, safe_name
 from oracle_build.contracts.golden import (
     EmbeddedPin,
     Golden,
@@ -19,7 +20,7 @@ from oracle_build.contracts.golden import (
     as_format2,
     golden_json,
 )
-from oracle_build.contracts.pins import Pin, load_pin
+from oracle_build.contracts.pins import Pin, Target, load_pin
 from oracle_build.core.errors import BadInput, OutputFailed, Refused
 from oracle_build.core.files import atomic_write_bytes
 from oracle_build.core.layout import stamp
@@ -157,3 +158,21 @@ def unpack_pin(embedded: EmbeddedPin, pins: Path, pin_key: str, pin_hash: str,
         return load_pin(final / embedded.pin_name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def run_variant(rec: Recorded, path: Path, target: Target,
+                asked: str | None) -> str | None:
+    """The CPU kernel variant a golden re-runs under: ``asked`` (--kernel-variant), else the
+    one it recorded (read from its engine; for an older golden, its identity's), so a golden
+    holds on every CPU that has its variant's instructions. None: the pin target's."""
+    variant = asked or rec.kernel_variant
+    if variant is None or not devices.module(target).BY_CPU_VARIANT:
+        return None
+    known = devices.known_variants(target)
+    if variant not in known:
+        where = ("--kernel-variant" if asked else "engine.kernel_variant.resolved"
+                 if rec.engine.kernel_variant is not None else "oracle.identity.cpu_variant")
+        raise BadInput(path if not asked else Path("--kernel-variant"),
+                       [(where, f"{printable(variant)} is not a CPU kernel variant of an "
+                         f"{target.machine} oracle (known: {', '.join(known)})")])
+    return variant

@@ -152,7 +152,7 @@ def test_a_golden_from_before_holding_is_held_to_its_detected_variant(tmp_path: 
     rec = recorded(load_golden(TINY_SPEC), TINY_SPEC / "golden.json")
     assert rec.engine.kernel_variant is None and rec.kernel_variant == "x86_64-avx2"
     target = _target("native")
-    from oracle_build.commands.verify import run_variant
+    from oracle_build.goldens import run_variant
 
     assert run_variant(rec, TINY_SPEC, target, None) == "x86_64-avx2"
     assert run_variant(rec, TINY_SPEC, target, "x86_64-avx512") == "x86_64-avx512"

@@ -30,7 +30,9 @@ def _session(golden: Golden, path: Path, home: Path, *,
     """An engine session under a golden's recorded configuration (with ``changes``)."""
     rec = recorded(golden, path)
     pin = goldens.golden_pin(rec, path, unpack_to=layout.pins_dir(home))
-    oracle = Oracles(home).get(pin, rec.oracle.target)
+    # held to the golden's own CPU kernel variant, as verify runs it
+    variant = goldens.run_variant(rec, path, pin.target(rec.oracle.target), None)
+    oracle = Oracles(home).get(pin, rec.oracle.target, variant=variant)
     model = recorded_model(rec, path, home, oracle)
     return engine.EngineSession(oracle, model, {**rec.engine.requested, **(changes or {})},
                                 home)

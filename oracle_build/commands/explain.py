@@ -101,6 +101,8 @@ def explain(path: Path, *, home: Path, vary: dict[str, list[Any]] | None = None,
         rec = recorded(golden, path)
         pin = goldens.golden_pin(rec, path, unpack_to=layout.pins_dir(home))
         target_name = rec.oracle.target
+        # held to the golden's own CPU kernel variant, as verify runs it
+        variant = goldens.run_variant(rec, path, pin.target(target_name), None)
         model = None  # resolved once the oracle is open (a battery model needs it)
         base_args = dict(rec.engine.requested)
         request = run_from_golden(rec, legs=legs)
@@ -114,7 +116,8 @@ def explain(path: Path, *, home: Path, vary: dict[str, list[Any]] | None = None,
         base_args = dict(pin.target(target_name).engine_defaults)
         request = _unrecorded_request(golden, legs)
         base_batch = "per_prompt"
-    oracle = Oracles(home).get(pin, target_name)
+        variant = None
+    oracle = Oracles(home).get(pin, target_name, variant=variant)
     if model is None:
         model = recorded_model(recorded(golden, path), path, home, oracle)
     base_args = engine_args(base_args, oracle.target)

@@ -31,7 +31,7 @@ from oracle_build.contracts.golden import (
     load_golden,
     recorded,
 )
-from oracle_build.contracts.pins import Pin, Target
+from oracle_build.contracts.pins import Pin
 from oracle_build.contracts.reports import (
     VERIFY_REPORT_SCHEMA,
     FieldDiff,
@@ -51,6 +51,7 @@ from oracle_build.core.errors import (
 )
 from oracle_build.core.layout import utc_now
 from oracle_build.core.log import say
+from oracle_build.goldens import run_variant
 from oracle_build.models import recorded_model
 from oracle_build.oracles import Oracle, Oracles, opened
 from oracle_build.report import UNRECORDED_BANNER, ci_reports, render, verdict_words
@@ -314,24 +315,6 @@ def verify(paths: list[Path], *, home: Path, oracles: Oracles | None = None,
     verdicts = [i.verdict for i in items if i.verdict is not None] + verdicts
     return VerifyReport(report_schema=VERIFY_REPORT_SCHEMA, created_utc=utc_now(),
                         exit_code=exit_code(verdicts), goldens=verdicts)
-
-
-def run_variant(rec: Recorded, path: Path, target: Target,
-                asked: str | None) -> str | None:
-    """The CPU kernel variant a golden re-runs under: ``asked`` (--kernel-variant), else the
-    one it recorded (read from its engine; for an older golden, its identity's), so a golden
-    holds on every CPU that has its variant's instructions. None: the pin target's."""
-    variant = asked or rec.kernel_variant
-    if variant is None or not devices.module(target).BY_CPU_VARIANT:
-        return None
-    known = devices.known_variants(target)
-    if variant not in known:
-        where = ("--kernel-variant" if asked else "engine.kernel_variant.resolved"
-                 if rec.engine.kernel_variant is not None else "oracle.identity.cpu_variant")
-        raise BadInput(path if not asked else Path("--kernel-variant"),
-                       [(where, f"{printable(variant)} is not a CPU kernel variant of an "
-                         f"{target.machine} oracle (known: {', '.join(known)})")])
-    return variant
 
 
 def lacks(golden: Golden, path: Path, variant: str | None, lacking: list[str]) -> GoldenVerdict:
