@@ -143,14 +143,14 @@ def main() -> int:
         "bare_1leg", "verify_cli", "verify_nox", "bare_2legs", "capture_cli", "capture_nox")}
     spec = load_spec(GOLDEN / "spec.toml")
     for n in range(args.runs):
-        rows["bare_1leg"].append(timed([str(python), "-I", "-c", BARE, str(req1)], env=env,
+        rows["bare_1leg"].append(timed([str(python), "-I", "-B", "-c", BARE, str(req1)], env=env,
                                        cwd=neutral))
         rows["verify_cli"].append(timed([*cli, "verify", golden, "--home",
                                          str(args.home)]))
         if not args.skip_nox:
             rows["verify_nox"].append(timed([*nox, "verify", "--", golden, "--home",
                                              str(args.home)]))
-        rows["bare_2legs"].append(timed([str(python), "-I", "-c", BARE, str(req2)], env=env,
+        rows["bare_2legs"].append(timed([str(python), "-I", "-B", "-c", BARE, str(req2)], env=env,
                                         cwd=neutral))
         out = work / f"cap-cli-{n}"
         rows["capture_cli"].append(timed([*cli, "capture", str(GOLDEN), "--out", str(out),

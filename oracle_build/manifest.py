@@ -340,7 +340,13 @@ def load(venv: Path) -> tuple[dict[str, Any] | None, list[tuple[str, str, str]]]
 
 
 def _startup_note(rel: str) -> str:
-    name = rel.rsplit("/", 1)[-1]
+    parts = rel.rsplit("/", 2)
+    name = parts[-1]
+    if name.endswith(".pyc") and len(parts) > 1 and parts[-2] == "__pycache__":
+        # Python loads a __pycache__ file only for its source beside the folder, and never
+        # runs one at start-up on its own
+        return (": bytecode of the module beside __pycache__ (compiled when that module was "
+                "imported; Python loads it only with its source, and never at start-up)")
     if name.split(".")[0] in ("sitecustomize", "usercustomize") or name.endswith(".pth"):
         return ": Python runs it at every start-up"
     if name.endswith(".pyc"):

@@ -26,6 +26,12 @@ from oracle_build.core import layout, proc
 from oracle_build.core.errors import BadInput, OracleMissing
 
 INSIDE = Path(__file__).parent / "inside"
+# How the oracle's python runs every script of ours: isolated (-I: no PYTHON* variables, no
+# user site, no script folder on sys.path) and never writing bytecode (-B; -I makes it ignore
+# PYTHONDONTWRITEBYTECODE): a probe or an engine never writes into the oracle (a patched
+# module's .pyc written by a probe stayed after the module was restored, and the oracle
+# mismatched for good).
+RUN_FLAGS = ("-I", "-B")
 
 
 def uv() -> str:
@@ -77,7 +83,7 @@ class OracleVenv:
         self.require()
         with tempfile.TemporaryDirectory(prefix=f"oracle-{Path(script).stem}-") as neutral:
             out = Path(neutral) / "answer.json"
-            argv = [str(self.python), "-I", str(INSIDE / script)]
+            argv = [str(self.python), *RUN_FLAGS, str(INSIDE / script)]
             if request is not None:
                 req = Path(neutral) / "request.json"
                 req.write_text(json.dumps(request))
@@ -98,7 +104,7 @@ class OracleVenv:
         folder = tempfile.TemporaryDirectory(prefix="oracle-driver-")
         facts = Path(folder.name) / "facts.json"
         try:
-            live = proc.Live([str(self.python), "-I", str(INSIDE / "driver.py"), "--serve",
+            live = proc.Live([str(self.python), *RUN_FLAGS, str(INSIDE / "driver.py"), "--serve",
                               str(facts), *probe_args],
                              env=envmod.oracle_env(env), cwd=Path(folder.name), log=log,
                              what="vLLM engine host", stdin=True)
@@ -113,7 +119,7 @@ class OracleVenv:
         code = ("import importlib.util, json, os, sys; s = importlib.util.find_spec('vllm'); "
                 "print(json.dumps([os.path.realpath(sys.prefix), "
                 "s and os.path.realpath(s.origin)]))")
-        out = proc.query([str(self.python), "-I", "-c", code], env=envmod.oracle_env(),
+        out = proc.query([str(self.python), *RUN_FLAGS, "-c", code], env=envmod.oracle_env(),
                          cwd=Path(tempfile.gettempdir()), timeout=120)
         try:
             prefix, origin = json.loads(out.output)

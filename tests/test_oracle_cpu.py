@@ -478,3 +478,40 @@ def importlib_header() -> bytes:
     import importlib.util
 
     return importlib.util.MAGIC_NUMBER + b"\0" * 12
+
+
+def test_no_check_and_no_engine_writes_into_the_oracle(cpu_oracle: BuiltOracle,
+                                                       own_home: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """Slow: three identity probes and three engine starts on an oracle of the test's own.
+    A source file of torch patched, found (exit 3), restored with its bytes and mtime: the
+    oracle passes again, because the probe that imported the patched module wrote no
+    bytecode for it (the oracle's python runs -I -B; -I alone ignores
+    PYTHONDONTWRITEBYTECODE, and the patched module's .pyc stayed, a mismatch for good).
+    Then identity, verify, capture and numerics: every file of the venv hashed after, each as
+    its manifest says, nothing added."""
+    _home, args, venv, site = own_oracle(cpu_oracle, own_home)
+    source = site / "torch" / "nn" / "functional.py"
+    original, before = source.read_bytes(), source.stat()
+    break_link(source)
+    source.write_bytes(original + b"\n# patched\n")
+    capsys.readouterr()
+    assert main(["identity", *args[:4]]) == 3
+    assert "torch/nn/functional.py" in capsys.readouterr().out
+    source.write_bytes(original)
+    os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert main(["identity", *args[:4]]) == 0
+    home = str(own_home)
+    assert main(["verify", str(REPO / "goldens" / "tiny-llama-greedy"), "--home", home]) == 0
+    assert main(["capture", str(REPO / "goldens" / "tiny-llama-greedy"), "--out",
+                 str(tmp_path / "out"), "--home", home]) == 0
+    battery = tmp_path / "battery"
+    shutil.copytree(REPO / "goldens" / "numerics", battery / "goldens" / "numerics")
+    shutil.copytree(REPO / "pins", battery / "pins")
+    assert main(["numerics", "--home", home, "--battery", str(battery / "goldens" / "numerics"),
+                 "--only", "llama"]) == 0
+    files, problems = manifest.load(venv)
+    assert files is not None and not problems, problems
+    check = manifest.check(venv, files, deep=True)
+    assert not check.mismatches, check.mismatches[:10]
