@@ -14,6 +14,8 @@ MB and opens at once).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import json
 from pathlib import Path
@@ -109,6 +111,7 @@ SCRIPT = r"""
   document.querySelectorAll('details.prompt[data-lazy]').forEach(function (el) {
     el.addEventListener('toggle', function () { if (el.open) render(el); });
   });
+  document.documentElement.dataset.ready = '1';  // the page's own script ran to its end
 })();
 """
 
@@ -295,13 +298,34 @@ def render(page: Page) -> str:
                                                    else "differ")) + "</p>")
         body += [_prompt(page, g, gi, pi, p) for pi, p in enumerate(g.prompts)]
         body.append("</section>")
-    data = json.dumps(page.model_dump(mode="json"), separators=(",", ":"))
-    data = data.replace("</", "<\\/")  # never ends its script element early
+    data = embedded_json(page.model_dump(mode="json"))
     return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">"
             f"<meta name=\"viewport\" content=\"width=device-width\"><title>{_e(page.title)}"
             f"</title><style>{CSS}</style></head><body>{''.join(body)}</main>"
             f"<script type=\"application/json\" id=\"data\">{data}</script>"
             f"<script>{SCRIPT}</script></body></html>\n")
+
+
+def embedded_json(value: object) -> str:
+    """JSON for a <script type="application/json"> block that no value can end or bend: `<`,
+    `>` and `&` as \\u escapes (outside strings JSON has none), so neither `</script>` nor
+    `<!--<script>` (which puts the HTML parser in its double-escaped state, turning the page's
+    own script into data) can appear in it. JSON.parse reads the same value."""
+    data = json.dumps(value, separators=(",", ":"))
+    return data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _sha256_source(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+# The page runs its own inline script and style and nothing else: no network at all, no
+# other script (an injected one would not run), no plugin, form or base URL. Style
+# attributes are the server-drawn cells' shades (numbers, never a value read).
+CSP = ("default-src 'none'; script-src " + _sha256_source(SCRIPT) + "; style-src "
+       + _sha256_source(CSS) + "; style-src-attr 'unsafe-inline'; img-src 'none'; "
+       "connect-src 'none'; base-uri 'none'; form-action 'none'")
 
 
 def write(page: Page, path: Path) -> Path:

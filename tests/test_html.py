@@ -142,7 +142,7 @@ def console_errors(log: str) -> list[str]:
 # ----------------------------------------------------------------------------- pages
 
 
-def drifted_page(tmp_path: Path) -> tuple[Path, list[dict[str, Any]]]:
+def drifted_page(tmp_path: Path, text0: str | None = None) -> tuple[Path, list[dict[str, Any]]]:
     """The committed golden as the reference and a candidate that takes another token at a
     near-tie of prompt 0 and at a real divergence of prompt 1, judged by judge itself; the
     page drawn from them (pieces absent: ids shown)."""
@@ -160,7 +160,8 @@ def drifted_page(tmp_path: Path) -> tuple[Path, list[dict[str, Any]]]:
         r = judge.compare_prompt(p.id, p.prompt_token_ids, p.token_ids, rows,
                                  p.prompt_token_ids, cand, None, golden.gate.band_nats)
         results.append(r.as_dict())
-        prompts.append(pages.prompt(p.id, p.text, p.prompt_token_ids, p.token_ids, rows, cand,
+        text = text0 if (i == 0 and text0 is not None) else p.text
+        prompts.append(pages.prompt(p.id, text, p.prompt_token_ids, p.token_ids, rows, cand,
                                     None, r.as_dict()))
     page = Page(page_schema=PAGE_SCHEMA, kind="verify", title="oracle-build verify",
                 created_utc="2026-12-01T00:00:00Z", oracle={"pin": "cpu-test"},
@@ -245,6 +246,33 @@ def test_the_page_opens_in_chromium(tmp_path: Path) -> None:
     broken.write_text("<!doctype html><html><body><p>x</p><script>undefinedThing();"
                       "</script></body></html>")
     assert console_errors(screenshot(broken, tmp_path / "broken.png", tmp_path))
+
+
+def test_a_prompt_cannot_stop_the_pages_own_script(tmp_path: Path) -> None:
+    """A prompt text holding `<!--<script>` (it put the HTML parser into its double-escaped
+    state: the page's own script became data, and nothing was drawn on opening) and a
+    `</script>`: embedded as \\u escapes; the page carries a CSP allowing only its own inline
+    script and style, and in a real browser it draws as before, with no console error (a
+    CSP that blocked its own script or style would log one)."""
+    hostile = "x <!--<script> y </script><script>alert(1)</script> & z"
+    path, _ = drifted_page(tmp_path, text0=hostile)
+    text = path.read_text()
+    block = text.split('<script type="application/json" id="data">', 1)[1].split("</script>")[0]
+    assert "<" not in block and ">" not in block and "&" not in block
+    assert json.loads(block)["goldens"][0]["prompts"][0]["text"] == hostile
+    csp = re.search(r'<meta http-equiv="Content-Security-Policy" content="([^"]+)">', text)
+    assert csp and csp.group(1).startswith("default-src 'none'; script-src 'sha256-")
+    assert "connect-src 'none'" in csp.group(1) and "unsafe-eval" not in csp.group(1)
+    assert text.index("Content-Security-Policy") < text.index("<style>")
+    log = screenshot(path, tmp_path / "hostile.png", tmp_path)
+    assert not console_errors(log), console_errors(log)
+    # the page's own script ran to its end (it marks the page), the injected one did not
+    dom = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", f"--user-data-dir={tmp_path / 'dom-profile'}",
+         "--dump-dom", path.resolve().as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert 'data-ready="1"' in dom.stdout.split(">", 2)[1], dom.stdout[:500]
 
 
 # ----------------------------------------------------------------------------- real engine
