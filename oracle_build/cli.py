@@ -65,7 +65,10 @@ def _internal_error_log(args: argparse.Namespace, exc: BaseException) -> str:
 
     from oracle_build.core.layout import default_home, log_path
 
-    text = (f"oracle-build {__version__}: internal error\nargv: {sys.argv}\n\n"
+    from oracle_build.cache.ref import redacted
+
+    argv = [redacted(a) if "://" in a else a for a in sys.argv]  # no password in a log
+    text = (f"oracle-build {__version__}: internal error\nargv: {argv}\n\n"
             + "".join(traceback.format_exception(exc)))
     try:
         home = Path(args.home).expanduser().resolve() if getattr(args, "home", None) \

@@ -563,3 +563,25 @@ def test_golden_batch_calls_are_prompt_ids(tmp_path: Path, calls: Any, field: st
     with pytest.raises(BadInput) as err:
         load_golden(write_golden(tmp_path, doc))
     assert f"{field}:" in str(err.value)
+
+
+@pytest.mark.parametrize("via", ["flag", "env"])
+def test_a_password_in_a_cache_reference_is_never_printed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        via: str) -> None:
+    """`--cache oci://ci:S3cretPW@ghcr.io/team/o` (or in ORACLE_BUILD_CACHE) was refused with
+    the password printed twice: now refused saying where credentials go, the userinfo never
+    shown (issue 31 item 3)."""
+    ref = "oci://ci:S3cretPW@ghcr.io/team/o"
+    args = ["pull", "--pin", str(CPU_PIN), "--home", str(tmp_path / "home")]
+    if via == "flag":
+        args += ["--cache", ref]
+    else:
+        monkeypatch.setenv("ORACLE_BUILD_CACHE", ref)
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert "S3cretPW" not in out + err, out + err
+    assert "credentials do not go in the reference" in err and "***@ghcr.io" in err
+    from oracle_build.cache.ref import redacted
+
+    assert redacted("oci+http://u:p@127.0.0.1:5000/a/b\n") == "oci+http://***@127.0.0.1:5000/a/b\\n"

@@ -42,10 +42,25 @@ class CacheRef:
         return f"oci{'+http' if self.scheme == 'http' else ''}://{self.netloc}/{self.repository}"
 
 
+def redacted(text: str) -> str:
+    """``text`` as it may be printed: any userinfo (``user:password@``) before the host shown
+    as ``***@``, control characters escaped, the length bounded. Credentials come from the
+    Docker config or a credential helper, never from the reference."""
+    scheme, sep, rest = text.partition("://")
+    if sep:
+        netloc, slash, path = rest.partition("/")
+        if "@" in netloc:
+            netloc = "***@" + netloc.rpartition("@")[2]
+        text = scheme + sep + netloc + slash + path
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return shown if len(shown) <= 300 else shown[:300] + "..."
+
+
 def parse(text: str, *, allow_insecure: bool = False, where: str = "--cache") -> CacheRef:
-    """``text`` as a cache reference, or BadInput naming ``where``."""
+    """``text`` as a cache reference, or BadInput naming ``where`` (and never the reference's
+    userinfo: a password put in the reference is not echoed)."""
     def bad(why: str) -> BadInput:
-        return BadInput(where, [("cache", f"{text!r}: {why}")],
+        return BadInput(where, [("cache", f"{redacted(text)!r}: {why}")],
                         hint="oci://HOST[:PORT]/NAMESPACE/REPO, e.g. oci://ghcr.io/team/"
                         "oracles, or oci+http://127.0.0.1:5000/team/oracles for a local one")
 
@@ -56,8 +71,11 @@ def parse(text: str, *, allow_insecure: bool = False, where: str = "--cache") ->
     else:
         raise bad("not an oci:// or oci+http:// reference")
     netloc, _, repository = rest.partition("/")
+    if "@" in netloc:
+        raise bad("credentials do not go in the reference (they would be printed and "
+                  "logged): use `docker login` or the Docker config, which the cache reads")
     if not HOST.match(netloc):
-        raise bad(f"{netloc!r} is not a host[:port]")
+        raise bad(f"{redacted(netloc)!r} is not a host[:port]")
     if netloc.startswith("["):
         host, _, port_text = netloc[1:].partition("]")
         host, port_text = f"[{host}]", port_text.lstrip(":")
@@ -71,7 +89,8 @@ def parse(text: str, *, allow_insecure: bool = False, where: str = "--cache") ->
                   "letters, digits, '.', '_', '-', separated by '/')")
     ref = CacheRef(scheme, host, port, repository)
     if scheme == "http" and not ref.loopback and not allow_insecure:
-        raise BadInput(where, [("cache", f"{text!r}: plain HTTP to {host}, which is not a "
+        raise BadInput(where, [("cache", f"{redacted(text)!r}: plain HTTP to {host}, which is "
+                                "not a "
                                 "loopback host: anyone on the path can change what is pulled "
                                 "(signatures still checked) or read what is pushed")],
                        hint="use oci:// (HTTPS), or --allow-insecure-registry if you mean it")
