@@ -63,9 +63,8 @@ def _internal_error_log(args: argparse.Namespace, exc: BaseException) -> str:
     import tempfile
     import traceback
 
-    from oracle_build.core.layout import default_home, log_path
-
     from oracle_build.cache.ref import redacted
+    from oracle_build.core.layout import default_home, log_path
 
     argv = [redacted(a) if "://" in a else a for a in sys.argv]  # no password in a log
     text = (f"oracle-build {__version__}: internal error\nargv: {argv}\n\n"
