@@ -585,3 +585,23 @@ def test_a_password_in_a_cache_reference_is_never_printed(
     from oracle_build.cache.ref import redacted
 
     assert redacted("oci+http://u:p@127.0.0.1:5000/a/b\n") == "oci+http://***@127.0.0.1:5000/a/b\\n"
+
+
+def test_a_topk_file_that_is_a_symlink_is_refused_not_followed(tmp_path: Path) -> None:
+    """A golden's top-k file made a symlink to another readable file: the refusal printed that
+    file's sha256 (seen with /etc/hostname). Now refused by name, never opened (issue 31
+    item 4)."""
+    import shutil
+
+    folder = tmp_path / "g"
+    shutil.copytree(TINY_SPEC, folder)
+    (side,) = folder.glob("topk.*.safetensors")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for printing\n")
+    side.unlink()
+    side.symlink_to(secret)
+    with pytest.raises(BadInput) as refused:
+        load_golden(folder).topk_table()
+    text = str(refused.value)
+    assert "is a symbolic link" in text and "topk.file" in text
+    assert sha256_file(secret) not in text

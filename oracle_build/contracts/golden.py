@@ -379,6 +379,11 @@ def read_sidecar(golden: Golden, path: Path) -> TopKTable:
     if not (side.exists() or side.is_symlink()):
         raise BadInput(path, [("topk.file", f"{side} not found: a format-2 golden is its "
                                "golden.json and this file, copied together")])
+    if side.is_symlink():
+        # it could name any readable file, whose hash the refusal would then print
+        raise BadInput(path, [("topk.file", f"{ref.file} is a symbolic link: a golden's top-k "
+                               "file is a regular file beside its golden.json (capture writes "
+                               "it so); refused, not followed")])
     data = read_bytes(side)
     got = sha256_bytes(data)
     if got != ref.sha256:
