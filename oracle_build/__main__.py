@@ -1,4 +1,4 @@
-from oracle_build.cli import main
+from oracle_build.cli import entry
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(entry())

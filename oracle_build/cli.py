@@ -35,6 +35,22 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def entry() -> int:
+    """The process's entry (``python -m oracle_build``, the ``oracle-build`` script): main's
+    exit code, whatever the interpreter was told. Under PYTHONINSPECT (or -i) Python would
+    turn the ending SystemExit into a traceback, a prompt and exit 1 (drift's code): the
+    streams are flushed and the process ends with the tool's own code instead."""
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse's usage errors and --help
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    if sys.flags.inspect:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:

@@ -168,3 +168,21 @@ def test_verify_exit_codes_through_nox(cpu_oracle: BuiltOracle, host_golden: Pat
     # each run appended its summary to the step summary, after what was there
     text = step.read_text()
     assert text.startswith("# earlier steps\n") and text.count("## oracle-build verify") == 4
+
+
+@pytest.mark.slow
+def test_pythoninspect_cannot_change_an_exit_code(tmp_path: Path) -> None:
+    """Slow: a nox session of its own (the harness venv is reused). PYTHONINSPECT=1 in the
+    caller's environment turned every exit code into 1 with a SystemExit traceback: the CLI
+    and a nox session now end with the tool's own code (2 bad input, 7 no oracle)."""
+    env = {**os.environ, "PYTHONINSPECT": "1"}
+    cli = subprocess.run([sys.executable, "-m", "oracle_build", "verify",
+                          str(tmp_path / "none")], cwd=REPO, env=env, capture_output=True,
+                         text=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert cli.returncode == 2, cli.stderr[-2000:]
+    assert "Traceback" not in cli.stderr
+    done = subprocess.run([*NOX, "-s", "identity", "--", "--home", str(tmp_path / "home")],
+                          cwd=REPO, env={**env, "NO_COLOR": "1"}, capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=900)
+    assert done.returncode == 7, done.stderr[-2000:]
+    assert "running nox again without it" in done.stderr
