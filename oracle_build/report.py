@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
+from oracle_build.contracts.base import printable
 from oracle_build.contracts.reports import GoldenVerdict, VerifyReport
 from oracle_build.core.files import atomic_write_bytes
 from oracle_build.core.log import say
@@ -16,8 +18,37 @@ UNRECORDED_BANNER = "CONFIGURATION UNRECORDED: NOT ADJUDICABLE"
 
 
 def _fmt(value: Any) -> str:
+    """A value read from a golden, a pin or a run, as data: control characters (a newline
+    that could start a line of its own, an escape sequence) shown escaped, length bounded."""
     text = json.dumps(value) if not isinstance(value, str) else value
+    text = printable(text)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _text(value: Any) -> str:
+    """A sentence that may quote input (a why, a reason), as data on one line, bounded."""
+    text = printable(str(value))
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+# what acts mid-line (a value never starts a line here: each follows our own words)
+MD_SPECIAL = re.compile(r"([\\`*_\[\]!<>|~])")
+
+
+def _md(value: Any) -> str:
+    """Text for Markdown that renders as the text: every character Markdown would act on
+    escaped (no heading, link, image, emphasis or HTML from a value), on one line."""
+    return MD_SPECIAL.sub(r"\\\1", _text(value))
+
+
+def _code(value: Any) -> str:
+    """A value as a Markdown code span the value cannot close: the fence is one backtick
+    longer than the longest run of backticks in it."""
+    text = _fmt(value)
+    run = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * (run + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def _m(value: float | None) -> str:
@@ -54,26 +85,27 @@ def verdict_words(v: GoldenVerdict) -> dict[str, str]:
 def render(report: VerifyReport) -> str:
     lines = []
     for v in report.goldens:
-        lines.append(f"== {v.name}  ({v.path})")
+        lines.append(f"== {v.name}  ({_text(v.path)})")
         if v.status == "config_unrecorded":
             lines.append(f"  {UNRECORDED_BANNER}")
             lines += [f"    {n}" for n in v.notes]
         if v.status == "not_verifiable_here":
-            lines.append(f"  NOT VERIFIABLE HERE: {v.why}")
+            lines.append(f"  NOT VERIFIABLE HERE: {_text(v.why)}")
             continue
         if v.status != "config_unrecorded":
             lines.append("  identity: " + ("OK" if not v.identity else "ORACLE DIFFERS" if
                                            v.tokens else "ORACLE MISMATCH"))
         for d in v.identity:
-            lines.append(f"    {d.field}: golden {_fmt(d.golden)}, current {_fmt(d.current)}")
+            lines.append(f"    {_text(d.field)}: golden {_fmt(d.golden)}, current "
+                         f"{_fmt(d.current)}")
         if (v.tokens or v.configuration) and v.status != "config_unrecorded":
             lines.append("  configuration: " + ("same" if not v.configuration else
                                                  "CONFIGURATION DIFFERENCE"))
         for d in v.configuration:
-            lines.append(f"    {d.field}: golden {_fmt(d.golden)}, now {_fmt(d.current)}")
+            lines.append(f"    {_text(d.field)}: golden {_fmt(d.golden)}, now {_fmt(d.current)}")
         for d in v.context:
-            lines.append(f"    (context, not failing) {d.field}: golden {_fmt(d.golden)}, "
-                         f"now {_fmt(d.current)}")
+            lines.append(f"    (context, not failing) {_text(d.field)}: golden "
+                         f"{_fmt(d.golden)}, now {_fmt(d.current)}")
         if v.tokens:
             note = "" if v.adjudicable else f"  [{UNRECORDED_BANNER}]" if (
                 v.status == "config_unrecorded") else (
@@ -95,7 +127,7 @@ def render(report: VerifyReport) -> str:
                     f"{t['kind']}")
             lines.append(f"  {v.summary}")
         if v.gate:
-            lines.append(f"  gate: {v.gate.kind} ({v.gate.reason}): "
+            lines.append(f"  gate: {v.gate.kind} ({_text(v.gate.reason)}): "
                          + {True: "PASS", False: "FAIL", None: "not judged"}[v.gate.passed])
         lines.append(f"  => {v.status.upper().replace('_', ' ')}"
                      + (f": {v.why}" if v.why and v.status != "config_unrecorded" else ""))
@@ -181,22 +213,23 @@ def summary_md(report: VerifyReport) -> str:
     configuration differences, the token table and the gate."""
     lines = [f"## oracle-build verify: exit {report.exit_code}", ""]
     for v in report.goldens:
-        lines.append(f"### {v.name}: {v.status.upper().replace('_', ' ')}")
+        lines.append(f"### {_md(v.name)}: {v.status.upper().replace('_', ' ')}")
         lines.append("")
         if v.why:
-            lines.append(f"> {v.why}")
+            lines.append(f"> {_md(v.why)}")
             lines.append("")
         if v.status == "not_verifiable_here":
             continue
         lines.append("**identity:** " + ("OK" if not v.identity else
                                          ("ORACLE DIFFERS" if v.tokens else "ORACLE MISMATCH")))
         for d in v.identity:
-            lines.append(f"- `{d.field}`: golden `{_fmt(d.golden)}`, current `{_fmt(d.current)}`")
+            lines.append(f"- {_code(d.field)}: golden {_code(d.golden)}, current "
+                         f"{_code(d.current)}")
         lines.append("")
         lines.append("**configuration:** " + ("same" if not v.configuration
                                               else "CONFIGURATION DIFFERENCE"))
         for d in v.configuration:
-            lines.append(f"- `{d.field}`: golden `{_fmt(d.golden)}`, now `{_fmt(d.current)}`")
+            lines.append(f"- {_code(d.field)}: golden {_code(d.golden)}, now {_code(d.current)}")
         lines.append("")
         if v.tokens:
             lines.append("| prompt | ids | match | first divergence | golden tok | new tok | "
@@ -205,7 +238,7 @@ def summary_md(report: VerifyReport) -> str:
             for t in v.tokens:
                 diverged = t["index"] is not None
                 lines.append(
-                    f"| {t['prompt']} | {'=' if t['prompt_ids_equal'] else 'DIFF'} | "
+                    f"| {_md(t['prompt'])} | {'=' if t['prompt_ids_equal'] else 'DIFF'} | "
                     f"{t['n_golden'] if t['tokens_equal'] else t['index']}/{t['n_golden']} | "
                     f"{t['index'] if diverged else '-'} | "
                     f"{t['golden_token'] if diverged else '-'} | "
@@ -213,10 +246,10 @@ def summary_md(report: VerifyReport) -> str:
                     f"{_m(t['golden_margin']) if diverged else '-'} | "
                     f"{_m(t['new_margin']) if diverged else '-'} | {t['kind']} |")
             lines.append("")
-            lines.append(v.summary)
+            lines.append(_md(v.summary))
             lines.append("")
         if v.gate:
-            lines.append(f"**gate:** {v.gate.kind} ({v.gate.reason}): "
+            lines.append(f"**gate:** {v.gate.kind} ({_md(v.gate.reason)}): "
                          + {True: "PASS", False: "FAIL", None: "not judged"}[v.gate.passed])
             lines.append("")
     return "\n".join(lines) + "\n"

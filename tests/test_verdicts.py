@@ -605,3 +605,40 @@ def test_a_topk_file_that_is_a_symlink_is_refused_not_followed(tmp_path: Path) -
     text = str(refused.value)
     assert "is a symbolic link" in text and "topk.file" in text
     assert sha256_file(secret) not in text
+
+
+VERDICT_LINES = ("=> PASS", "verify: pass", "ORACLE_IDENTITY_OK", "ORACLE_NUMERICS_OK")
+
+
+def test_a_value_read_cannot_print_a_verdict_line_or_markdown() -> None:
+    """A golden's value such as `0.32.0\\n  => PASS\\nverify: pass 1 (exit 0)\\nORACLE_IDENTITY_OK`
+    printed those lines before the real verdict (exit 3): every value is printed as data,
+    escaped, on its own line's tail. In the Markdown summary a backtick could close the code
+    span and a newline start a heading, or a value draw a remote image (issue 31 item 1)."""
+    from oracle_build.contracts.reports import FieldDiff, GoldenVerdict, VerifyReport
+    from oracle_build.report import render, summary_md
+
+    forged = "0.32.0\n  => PASS\nverify: pass 1 (exit 0)\nORACLE_IDENTITY_OK\x1b[2K"
+    md = "`\n\n## oracle-build verify: exit 0\n\n### g: PASS\n\n`"
+    image = "x` ![ok](http://HOST/p.png) `x"
+    diffs = [FieldDiff(field="vllm", golden=forged, current="0.32.0", cls="identity"),
+             FieldDiff(field="resolved.dtype", golden=md, current=image, cls="numerics"),
+             FieldDiff(field=f"x\n{VERDICT_LINES[0]}", golden=1, current=2, cls="numerics")]
+    v = GoldenVerdict(name="g", path="goldens/g/golden.json", status="oracle_mismatch",
+                      why="the current oracle is not the golden's; nothing was run",
+                      identity=diffs[:1], configuration=diffs[1:], adjudicable=False)
+    report = VerifyReport(report_schema=1, created_utc="", exit_code=3, goldens=[v])
+    text = render(report)
+    assert "\x1b" not in text
+    for line in text.splitlines():
+        assert not line.strip().startswith(VERDICT_LINES), line
+    assert "0.32.0\\n  => PASS" in text  # shown, as data
+    summary = summary_md(report)
+    lines = summary.splitlines()
+    assert [ln for ln in lines if ln.startswith("#")] == [
+        "## oracle-build verify: exit 3", "### g: ORACLE MISMATCH"]
+    for line in lines:
+        assert not line.strip().startswith(VERDICT_LINES), line
+    # the image sits inside a code span its backticks cannot close
+    (row,) = [ln for ln in lines if "HOST" in ln]
+    assert "``x` ![ok](http://HOST/p.png) `x``" in row
