@@ -764,3 +764,57 @@ def test_build_with_a_cache_and_a_key_pushes_after_identity(pushed: Pushed,
     assert "cache: pushed" in err and "signed by ci-builder-1" in err
     with Registry(parse(ref)) as reg:
         assert reg.has_manifest(tag_for(pushed.oracle.pin.content_hash, "cpu")) is not None
+
+
+class Forging(http.server.BaseHTTPRequestHandler):
+    """Answers every request 500 with a body that tries to print a verdict line."""
+
+    def do_GET(self) -> None:
+        body = b"oops\nORACLE_IDENTITY_OK\n\x1b[2K"
+        self.send_response(500)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_registrys_words_are_printed_as_data(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A registry's error body (`HTTP 500: oops\\nORACLE_IDENTITY_OK`) went into the message
+    raw, so `pull` printed a bare ORACLE_IDENTITY_OK line (and raw escapes): shown escaped
+    now, on the message's own line (issue 31 item 2)."""
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forging)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        code = main(["pull", "--cache", f"oci+http://127.0.0.1:{httpd.server_address[1]}/a/b",
+                     "--pin", str(CPU_PIN), "--home", str(tmp_path / "home")])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    out, err = capsys.readouterr()
+    assert code == EXIT_REGISTRY, err
+    assert "oops\\nORACLE_IDENTITY_OK\\n\\x1b[2K" in err and "\x1b" not in err
+    assert not any(ln.strip().startswith("ORACLE_IDENTITY_OK") for ln in (out + err).splitlines())
+
+
+def test_a_signatures_keyid_is_printed_as_data(tmp_path: Path) -> None:
+    """A DSSE signature's keyid is the signer's words (`evil\\nORACLE_IDENTITY_OK\\n\\x1b[2K`
+    printed a verdict line and raw escapes): escaped in the refusal (issue 31 item 2)."""
+    import base64
+
+    from oracle_build.cache import signing
+    from oracle_build.contracts.cache import Envelope, Signature
+    from oracle_build.core.errors import CacheRefused
+
+    _priv, pub, _key = signing.generate("ci-builder-1", tmp_path / "keys")
+    env = Envelope(payloadType="application/vnd.in-toto+json",
+                   payload=base64.b64encode(b"{}").decode(),
+                   signatures=[Signature(keyid="evil\nORACLE_IDENTITY_OK\n\x1b[2K", sig="AAAA")])
+    with pytest.raises(CacheRefused) as refused:
+        signing.verify(env, signing.load_trusted(pub), trusted_file=pub)
+    text = refused.value.render()
+    assert "evil\\nORACLE_IDENTITY_OK\\n\\x1b[2K" in text and "\x1b" not in text
+    assert not any(ln.startswith("ORACLE_IDENTITY_OK") for ln in text.splitlines())

@@ -37,7 +37,13 @@ from typing import IO, Any
 
 from oracle_build.cache.ref import CacheRef
 from oracle_build.contracts.cache import DIGEST, MAX_DOCUMENT_BYTES, OCI_INDEX, OCI_MANIFEST
-from oracle_build.core.errors import CacheRefused, NotCached, RegistryAuth, RegistryError
+from oracle_build.core.errors import (
+    CacheRefused,
+    NotCached,
+    RegistryAuth,
+    RegistryError,
+    as_data,
+)
 
 CHUNK = 1 << 20
 RETRIES = 4
@@ -181,7 +187,8 @@ class Registry:
                 resp = self._send(method, path, sent, stream)
             except BROKEN as exc:
                 if attempt >= RETRIES:
-                    raise RegistryError(f"{self.ref}: {what}: {type(exc).__name__}: {exc} "
+                    raise RegistryError(f"{self.ref}: {what}: {type(exc).__name__}: "
+                                        f"{as_data(str(exc), 300)} "
                                         f"(after {attempt} attempts)",
                                         hint="is the registry up and reachable from here?"
                                         ) from None
@@ -204,7 +211,7 @@ class Registry:
                 creds = "no credentials found" if source == "none" else \
                     f"credentials from {source}"
                 raise RegistryAuth(
-                    f"{self.ref}: {what}: HTTP {resp.status} ({creds}): {text[:200]}",
+                    f"{self.ref}: {what}: HTTP {resp.status} ({creds}): {as_data(text, 200)}",
                     hint="set ORACLE_BUILD_CACHE_USERNAME and ORACLE_BUILD_CACHE_PASSWORD (or "
                     "ORACLE_BUILD_CACHE_TOKEN), or `docker login` the registry")
             if resp.status in RETRY_STATUS and attempt < RETRIES:
@@ -213,7 +220,7 @@ class Registry:
                 continue
             if resp.status == 404:
                 raise NotCached(f"{self.ref}: {what}: not found (HTTP 404)")
-            raise RegistryError(f"{self.ref}: {what}: HTTP {resp.status}: {text[:300]}"
+            raise RegistryError(f"{self.ref}: {what}: HTTP {resp.status}: {as_data(text, 300)}"
                                 + (f" (after {attempt} attempts)" if attempt > 1 else ""))
 
     @staticmethod
@@ -277,14 +284,16 @@ class Registry:
             resp = conn.getresponse()
             data = resp.read(MAX_DOCUMENT_BYTES + 1)
         except BROKEN as exc:
-            raise RegistryError(f"token service {params['realm']}: {exc}") from None
+            raise RegistryError(f"token service {as_data(params['realm'], 200)}: "
+                                f"{as_data(str(exc), 300)}") from None
         finally:
             conn.close()
         if resp.status in (401, 403):
             raise RegistryAuth(f"{self.ref}: {what}: the token service refused "
                                f"({resp.status}; credentials from {self.credentials.source})")
         if resp.status != 200:
-            raise RegistryError(f"token service {params['realm']}: HTTP {resp.status}")
+            raise RegistryError(f"token service {as_data(params['realm'], 200)}: HTTP "
+                                f"{resp.status}")
         try:
             answer = json.loads(data)
             token = answer.get("token") or answer.get("access_token")
@@ -361,7 +370,8 @@ class Registry:
                 hasher.update(chunk)
                 yield chunk
         except BROKEN as exc:
-            raise RegistryError(f"{self.ref}: GET blob {digest}: {type(exc).__name__}: {exc} "
+            raise RegistryError(f"{self.ref}: GET blob {digest}: {type(exc).__name__}: "
+                                f"{as_data(str(exc), 300)} "
                                 f"after {seen} of {size} bytes") from None
         finally:
             resp.body = None
@@ -401,10 +411,12 @@ class Registry:
             raw = conn.getresponse()
         except BROKEN as exc:
             conn.close()
-            raise RegistryError(f"{self.ref}: blob {digest} at {split.netloc}: {exc}") from None
+            raise RegistryError(f"{self.ref}: blob {digest} at {as_data(split.netloc, 200)}: "
+                                f"{as_data(str(exc), 300)}") from None
         if raw.status != 200:
             conn.close()
-            raise RegistryError(f"{self.ref}: blob {digest} at {split.netloc}: HTTP {raw.status}")
+            raise RegistryError(f"{self.ref}: blob {digest} at {as_data(split.netloc, 200)}: "
+                                f"HTTP {raw.status}")
         return Response(200, {k.lower(): v for k, v in raw.getheaders()}, raw)
 
     def blob_bytes(self, digest: str, size: int) -> bytes:

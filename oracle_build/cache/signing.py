@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from oracle_build.contracts.cache import INTOTO_PAYLOAD, Envelope, Signature
-from oracle_build.core.errors import BadInput, CacheRefused, OutputFailed
+from oracle_build.core.errors import BadInput, CacheRefused, OutputFailed, as_data
 from oracle_build.core.files import read_text
 
 KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}-[0-9]{1,6}$")
@@ -130,7 +130,7 @@ def verify(envelope: Envelope, trusted: dict[str, Ed25519PublicKey], *,
         raise CacheRefused("the provenance envelope's payload is not base64") from None
     names = []
     for signature in envelope.signatures:
-        names.append(signature.keyid)
+        names.append(as_data(signature.keyid, 100))  # another's words: printed as data
         key = trusted.get(signature.keyid)
         if key is None:
             continue
@@ -138,7 +138,8 @@ def verify(envelope: Envelope, trusted: dict[str, Ed25519PublicKey], *,
             key.verify(base64.b64decode(signature.sig, validate=True),
                        pae(envelope.payloadType, payload))
         except (InvalidSignature, binascii.Error, ValueError):
-            raise CacheRefused(f"the provenance signature by {signature.keyid} does not verify: "
+            raise CacheRefused(f"the provenance signature by {as_data(signature.keyid, 100)} does "
+                               "not verify: "
                                "the statement or the signature was altered") from None
         return signature.keyid, payload
     raise CacheRefused(f"the provenance is signed by {', '.join(names)}, which "

@@ -6,6 +6,7 @@ functions directly and assert on the exception type and message.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 # Exit codes, documented in the README. 0 = success.
@@ -50,6 +51,17 @@ class OracleBuildError(Exception):
         return text
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def as_data(text: str, limit: int = 1000) -> str:
+    """Text that quotes what someone else wrote (a file's field, a registry's answer), as it
+    may be printed: control characters escaped (a newline cannot start a line, an escape
+    sequence cannot rewrite the terminal), the length bounded."""
+    shown = _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
+    return shown if len(shown) <= limit else shown[:limit] + "..."
+
+
 class BadInput(OracleBuildError):
     """A file we read is invalid. Names the file and the field."""
 
@@ -67,9 +79,9 @@ class BadInput(OracleBuildError):
         if isinstance(problems, str):  # a problem of the file as a whole
             problems = [("<file>", problems)]
         self.problems = problems
-        lines = [f"{self.path}:"]
-        for field, msg in problems:
-            lines.append(f"  {field}: {msg}" if field else f"  {msg}")
+        lines = [f"{as_data(self.path)}:"]
+        for field, msg in problems:  # each problem one line: a field or value cannot add one
+            lines.append(f"  {as_data(field)}: {as_data(msg)}" if field else f"  {as_data(msg)}")
         super().__init__("\n".join(lines), hint=hint)
 
 
