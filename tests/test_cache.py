@@ -13,6 +13,8 @@ import json
 import os
 import re
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -818,3 +820,68 @@ def test_a_signatures_keyid_is_printed_as_data(tmp_path: Path) -> None:
     text = refused.value.render()
     assert "evil\\nORACLE_IDENTITY_OK\\n\\x1b[2K" in text and "\x1b" not in text
     assert not any(ln.startswith("ORACLE_IDENTITY_OK") for ln in text.splitlines())
+
+
+class Malformed(http.server.BaseHTTPRequestHandler):
+    """A registry whose manifest answers break: a bad chunk size, a body cut short, a reset."""
+
+    mode = "chunk"
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/") == "/v2":
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+            return
+        mode = type(self).mode
+        if mode == "reset":
+            self.send_response(200)
+            self.send_header("Content-Length", "5000")
+            self.send_header("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+            self.end_headers()
+            self.wfile.write(b'{"schemaVersion": 2, ')
+            self.wfile.flush()
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                       struct.pack("ii", 1, 0))
+            os.close(self.connection.detach())  # closed with linger 0: a reset (RST)
+            self.close_connection = True
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+        if mode == "chunk":
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.write(b"zz\r\n{}\r\n0\r\n\r\n")
+        else:  # "short": a length it never sends
+            self.send_header("Content-Length", "5000")
+            self.end_headers()
+            self.wfile.write(b'{"schemaVersion": 2}')
+        self.wfile.flush()
+        self.close_connection = True
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("mode", ["chunk", "short", "reset"])
+def test_a_malformed_registry_answer_is_exit_15_not_an_internal_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str) -> None:
+    """A manifest sent chunked with a bad chunk size (IncompleteRead), cut short, or reset
+    mid-body ended as exit 70, and `build --cache` then aborted: every such answer is a
+    registry failure (exit 15), which `build --cache` builds past (issue 31 item 6)."""
+    handler = type("Handler", (Malformed,), {"mode": mode})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.handle_error = lambda *a: None  # type: ignore[method-assign]  # the reset's own
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        code = main(["pull", "--cache", f"oci+http://127.0.0.1:{httpd.server_address[1]}/a/b",
+                     "--pin", str(CPU_PIN), "--home", str(tmp_path / "home")])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    err = capsys.readouterr().err
+    assert code == EXIT_REGISTRY, err[-2000:]
+    assert "internal error" not in err

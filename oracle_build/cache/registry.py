@@ -33,7 +33,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar, cast
 
 from oracle_build.cache.ref import CacheRef
 from oracle_build.contracts.cache import DIGEST, MAX_DOCUMENT_BYTES, OCI_INDEX, OCI_MANIFEST
@@ -50,6 +50,45 @@ RETRIES = 4
 TIMEOUT = 60.0
 RETRY_STATUS = {429, 500, 502, 503, 504}
 BROKEN = (ConnectionError, http.client.HTTPException, socket.timeout, TimeoutError, OSError)
+
+
+# What a broken or hostile registry can make the transport raise outside the retried send: a
+# body cut or mis-chunked (IncompleteRead), a connection reset mid-read, a redirect or token
+# realm with an invalid port (ValueError: Port out of range), an unparsable header.
+TRANSPORT = (*BROKEN, ValueError, UnicodeError)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _as_registry_error(method: F) -> F:
+    """A public Registry call whose transport failure, however the answer was malformed, is
+    a RegistryError (exit 15; `build --cache` then builds without the cache), never exit 70."""
+    import functools
+    import inspect
+
+    def convert(self: Registry, exc: BaseException) -> RegistryError:
+        return RegistryError(f"{self.ref}: {method.__name__.replace('_', ' ')}: the registry's "
+                             f"answer broke off or is malformed: {type(exc).__name__}: "
+                             f"{as_data(str(exc), 300)}",
+                             hint="is the registry (or a proxy before it) healthy?")
+
+    if inspect.isgeneratorfunction(method):
+        @functools.wraps(method)
+        def generator(self: Registry, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            try:
+                yield from method(self, *args, **kwargs)
+            except TRANSPORT as exc:
+                raise convert(self, exc) from None
+        return cast(F, generator)
+
+    @functools.wraps(method)
+    def call(self: Registry, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except TRANSPORT as exc:
+            raise convert(self, exc) from None
+    return cast(F, call)
 
 
 def _b64(text: str) -> str:
@@ -308,10 +347,12 @@ class Registry:
     def _path(self, kind: str, ref: str) -> str:
         return f"/v2/{self.ref.repository}/{kind}/{ref}"
 
+    @_as_registry_error
     def ping(self) -> None:
         """GET /v2/: the registry answers (authenticating if it asks)."""
         self.drain(self.request("GET", "/v2/", what="GET /v2/"))
 
+    @_as_registry_error
     def has_blob(self, digest: str) -> bool:
         try:
             resp = self.request("HEAD", self._path("blobs", digest), what=f"HEAD blob {digest}")
@@ -320,6 +361,7 @@ class Registry:
         self.drain(resp)
         return True
 
+    @_as_registry_error
     def upload_blob(self, digest: str, size: int, opener: Callable[[], IO[bytes]]) -> None:
         """A monolithic upload (POST, then PUT with the digest), the body streamed."""
         resp = self.request("POST", f"/v2/{self.ref.repository}/blobs/uploads/", ok=(202,),
@@ -339,12 +381,14 @@ class Registry:
                                 headers={"Content-Type": "application/octet-stream",
                                          "Content-Length": str(size)}))
 
+    @_as_registry_error
     def push_blob_bytes(self, data: bytes) -> tuple[str, int]:
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
         if not self.has_blob(digest):
             self.upload_blob(digest, len(data), lambda: io.BytesIO(data))
         return digest, len(data)
 
+    @_as_registry_error
     def stream_blob(self, digest: str, size: int) -> Iterator[bytes]:
         """The blob's bytes, chunk by chunk, checked against ``digest`` and ``size`` as they
         stream: more bytes than ``size`` stop at once; a wrong digest raises after the last
@@ -419,6 +463,7 @@ class Registry:
                                 f"HTTP {raw.status}")
         return Response(200, {k.lower(): v for k, v in raw.getheaders()}, raw)
 
+    @_as_registry_error
     def blob_bytes(self, digest: str, size: int) -> bytes:
         """A small blob (a config, an envelope) in memory, verified."""
         if size > MAX_DOCUMENT_BYTES:
@@ -426,6 +471,7 @@ class Registry:
                                f"most {MAX_DOCUMENT_BYTES}")
         return b"".join(self.stream_blob(digest, size))
 
+    @_as_registry_error
     def get_manifest(self, reference: str, *, accept: str = OCI_MANIFEST) -> tuple[bytes, str]:
         """A manifest's bytes and digest (computed here: the header is only checked)."""
         resp = self.request("GET", self._path("manifests", reference),
@@ -436,6 +482,11 @@ class Registry:
         if len(data) > MAX_DOCUMENT_BYTES:
             raise CacheRefused(f"{self.ref}: manifest {reference} is larger than "
                                f"{MAX_DOCUMENT_BYTES} bytes")
+        stated_length = resp.header("content-length")
+        if stated_length and stated_length.isdigit() and int(stated_length) != len(data):
+            raise RegistryError(f"{self.ref}: GET manifest {reference}: the answer broke off "
+                                f"after {len(data)} of its {int(stated_length)} bytes",
+                                hint="is the registry (or a proxy before it) healthy?")
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
         if reference.startswith("sha256:") and reference != digest:
             raise CacheRefused(f"{self.ref}: manifest {reference} arrived with digest {digest}")
@@ -444,6 +495,7 @@ class Registry:
             raise CacheRefused(f"{self.ref}: manifest {reference}: the registry says {stated}")
         return data, digest
 
+    @_as_registry_error
     def has_manifest(self, reference: str) -> str | None:
         """The digest the registry gives for a tag, or None when it has no such tag."""
         try:
@@ -455,6 +507,7 @@ class Registry:
         self.drain(resp)
         return resp.header("docker-content-digest") or ""
 
+    @_as_registry_error
     def put_manifest(self, reference: str, data: bytes) -> str:
         resp = self.request("PUT", self._path("manifests", reference), body=data, ok=(201,),
                             headers={"Content-Type": OCI_MANIFEST,
@@ -463,6 +516,7 @@ class Registry:
         self.drain(resp)
         return "sha256:" + hashlib.sha256(data).hexdigest()
 
+    @_as_registry_error
     def referrers(self, digest: str) -> list[dict[str, Any]] | None:
         """The referrers API's manifests for ``digest``; None when the registry lacks it."""
         try:
