@@ -68,8 +68,9 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
                 f"{record_schema(oracle)}: its identity covers less than this one checks): "
                 f"moved to {aside}; building it again, from the wheelhouse where it can")
         if oracle.exists() and not rebuild:
-            say(f"oracle already at {oracle.path}; re-checking its identity")
-            ident = identity.check(pin, target, oracle.path)
+            say(f"oracle already at {oracle.path}; re-checking its identity (every file "
+                "hashed)")
+            ident = identity.check(pin, target, oracle.path, deep=True)
             if not ident.ok:
                 raise IdentityMismatch(
                     ident.mismatches, where=str(oracle.path),
