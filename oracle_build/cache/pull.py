@@ -36,6 +36,7 @@ from oracle_build.core.errors import (
     CacheRefused,
     NotCached,
     Refused,
+    as_data,
 )
 from oracle_build.core.log import fmt_seconds, say
 
@@ -109,6 +110,42 @@ def _provenance(reg: Registry, opts: CacheOptions, pin: Pin, target_name: str,
     if signed_by:
         say(f"cache: provenance signed by {signed_by} (trusted in {trusted_file})")
     return signed_by, stmt
+
+
+def check_wheel_name(path: Path, title: str, where: str) -> None:
+    """The layer's title is the wheel's own name: the distribution, version and tags its
+    ``.dist-info`` (METADATA's Name and Version, WHEEL's Tag lines) says. A retitled layer
+    (the lock's digest under another wheel's name, e.g. a win_amd64 tag) would be stored
+    under that name and fail every later install (exit 5 with empty last lines)."""
+    import zipfile
+
+    name, version, _build, tags = parse_wheel_filename(title)
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = [n for n in zf.namelist() if n.count("/") == 1 and
+                     n.split("/")[0].endswith(".dist-info")]
+            wheel = next((n for n in infos if n.endswith("/WHEEL")), None)
+            meta = next((n for n in infos if n.endswith("/METADATA")), None)
+            if wheel is None or meta is None:
+                raise CacheRefused(f"{where}: layer {as_data(title, 200)} holds no "
+                                   ".dist-info/WHEEL and METADATA: not a wheel")
+            own_tags = {t.strip() for ln in zf.read(wheel).decode(errors="replace").splitlines()
+                        if ln.startswith("Tag:") for t in [ln.split(":", 1)[1]]}
+            fields = dict(ln.split(":", 1) for ln in
+                          zf.read(meta).decode(errors="replace").splitlines()[:50]
+                          if ":" in ln and not ln.startswith(" "))
+    except zipfile.BadZipFile:
+        raise CacheRefused(f"{where}: layer {as_data(title, 200)} is not a zip: not a "
+                           "wheel") from None
+    said = {str(t) for t in tags}
+    own_name = canonicalize_name(fields.get("Name", "").strip())
+    own_version = fields.get("Version", "").strip()
+    if own_name != canonicalize_name(name) or own_version != str(version) or own_tags != said:
+        raise CacheRefused(
+            f"{where}: layer {as_data(title, 200)} is not that wheel: its own .dist-info says "
+            f"{as_data(str(own_name), 100)}=={as_data(own_version, 50)} tags "
+            f"{', '.join(sorted(as_data(t, 60) for t in own_tags)) or 'none'}; nothing kept",
+            hint="the artifact was retitled: push it again from a build of this pin")
 
 
 def _expected_layers(pin: Pin, target_name: str, manifest: Manifest, config: OracleConfig,
@@ -225,6 +262,7 @@ def pull(opts: CacheOptions, pin: Pin, target_name: str, *,
                         fh.write(chunk)
                     fh.flush()
                     os.fsync(fh.fileno())
+                check_wheel_name(part, title, where)  # before it may enter the wheelhouse
                 os.replace(part, final)
             except BaseException:
                 part.unlink(missing_ok=True)

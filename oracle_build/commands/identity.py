@@ -44,13 +44,13 @@ def run_identity(args: argparse.Namespace) -> int:
     if not (venv.exists() or venv.is_symlink()):
         raise OracleMissing(f"no oracle for pin {pin.id} at {venv}",
                             hint="run `nox -s build_oracle` first")
-    deep = not args.quick
+    every_file = not args.quick
     if args.quick:
         say("quick check: files whose size and mtime are unchanged are not hashed (an edit "
             "that keeps both passes it); without --quick every file is hashed")
-    ident = identity.check(pin, pin.target(target), venv, deep=deep)
+    ident = identity.check(pin, pin.target(target), venv, deep=every_file)
     print_identity(ident, args.json)
-    if deep:
+    if every_file:
         from oracle_build.contracts.record import DeepIdentity
         from oracle_build.core.files import atomic_write_json
         from oracle_build.core.layout import beside_record, build_record_path, utc_now
