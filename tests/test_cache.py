@@ -885,3 +885,57 @@ def test_a_malformed_registry_answer_is_exit_15_not_an_internal_error(
     err = capsys.readouterr().err
     assert code == EXIT_REGISTRY, err[-2000:]
     assert "internal error" not in err
+
+
+def _tiny_wheel(path: Path, name: str, version: str, tag: str) -> Path:
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{name}/__init__.py", "")
+        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\n"
+                    f"Version: {version}\n")
+        zf.writestr(f"{info}/WHEEL", f"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: {tag}\n")
+        zf.writestr(f"{info}/RECORD", "")
+    return path
+
+
+def test_a_layer_must_carry_its_wheels_own_name(tmp_path: Path) -> None:
+    """The title is checked against the wheel's own .dist-info (name, version, tags)."""
+    from oracle_build.cache.pull import check_wheel_name
+    from oracle_build.core.errors import CacheRefused
+
+    wheel = _tiny_wheel(tmp_path / "w.part", "fastapi_cloud_cli", "0.28.0", "py3-none-any")
+    check_wheel_name(wheel, "fastapi_cloud_cli-0.28.0-py3-none-any.whl", "ref")
+    for wrong in ("fastapi_cloud_cli-0.28.0-cp27-none-win_amd64.whl",
+                  "fastapi_cloud_cli-0.29.0-py3-none-any.whl", "other-0.28.0-py3-none-any.whl"):
+        with pytest.raises(CacheRefused, match="is not that wheel"):
+            check_wheel_name(wheel, wrong, "ref")
+    (tmp_path / "junk.part").write_bytes(b"not a zip")
+    with pytest.raises(CacheRefused, match="is not a zip"):
+        check_wheel_name(tmp_path / "junk.part", "x-1.0-py3-none-any.whl", "ref")
+
+
+@slow
+def test_a_retitled_layer_is_refused_and_nothing_kept(
+        pushed: Pushed, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A layer whose digest is the lock's but whose title is another wheel file name (a
+    win_amd64 tag) was stored under that name, and every later build failed at install:
+    refused now (exit 18), nothing kept (issue 31 item 8). Slow: a signed re-publish."""
+    manifest = _manifest(pushed)
+    original = json.loads(json.dumps(manifest))
+    layers = list(manifest["layers"])  # type: ignore[call-overload]
+    victim = min(layers, key=lambda layer: layer["size"])
+    title = victim["annotations"]["org.opencontainers.image.title"]
+    name, version = title.split("-")[:2]
+    wrong = f"{name}-{version}-cp27-none-win_amd64.whl"
+    victim["annotations"]["org.opencontainers.image.title"] = wrong
+    layers.remove(victim)
+    manifest["layers"] = [victim, *layers]  # first: nothing verified is pulled before it
+    try:
+        _publish(pushed, manifest, tag=pushed.tag, key_file=pushed.key_file)
+        err = _refused(pushed, tmp_path, capsys)
+        assert f"layer {wrong} is not that wheel" in err, err[-2000:]
+    finally:
+        _publish(pushed, original, tag=pushed.tag, key_file=pushed.key_file)
+    assert _registry(pushed).get_manifest(pushed.tag)[1] == pushed.digest
