@@ -939,3 +939,67 @@ def test_a_retitled_layer_is_refused_and_nothing_kept(
     finally:
         _publish(pushed, original, tag=pushed.tag, key_file=pushed.key_file)
     assert _registry(pushed).get_manifest(pushed.tag)[1] == pushed.digest
+
+
+class Dripping(http.server.BaseHTTPRequestHandler):
+    """Sends every answer's body a few bytes at a time, slowly."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/") == "/v2":
+            body = b"{}"
+        elif "/blobs/" in self.path:
+            body = b"x" * 4000
+        else:
+            body = json.dumps({"schemaVersion": 2, "padding": "y" * 200}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+        self.end_headers()
+        if self.path.rstrip("/") == "/v2":
+            self.wfile.write(body)
+            return
+        try:
+            for i in range(0, len(body), 20):
+                self.wfile.write(body[i:i + 20])
+                self.wfile.flush()
+                time.sleep(0.1)
+        except OSError:
+            pass
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_dripping_registry_meets_a_deadline_and_a_minimum_rate(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A manifest sent a byte at a time held `pull` for as long as the server liked (the
+    timeout is per read): a document must be whole within its deadline, a blob keep a
+    minimum rate over each window; either is a registry failure that says so (exit 15)
+    (issue 31 item 7). Deadline and window shortened here to seconds."""
+    from oracle_build.cache import registry as regmodule
+
+    monkeypatch.setattr(regmodule, "DOCUMENT_DEADLINE", 0.5)
+    monkeypatch.setattr(regmodule, "BLOB_WINDOW", 0.5)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Dripping)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    ref = parse(f"oci+http://127.0.0.1:{httpd.server_address[1]}/a/b")
+    try:
+        start = time.monotonic()
+        with Registry(ref) as reg, pytest.raises(RegistryError,
+                                                 match="not whole after 0 s|not whole after 1 s"):
+            reg.get_manifest("latest")
+        assert time.monotonic() - start < 5
+        digest = "sha256:" + "0" * 64
+        with Registry(ref) as reg, pytest.raises(RegistryError,
+                                                 match=r"KiB/s over the last .* below the "
+                                                 "minimum of 32 KiB/s") as slow:
+            for _chunk in reg.stream_blob(digest, 4000):
+                pass
+        assert slow.value.exit_code == EXIT_REGISTRY
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -47,7 +47,13 @@ from oracle_build.core.errors import (
 
 CHUNK = 1 << 20
 RETRIES = 4
-TIMEOUT = 60.0
+TIMEOUT = 60.0  # per read: a registry that sends nothing for this long is gone
+# A document (manifest, index, token) arrives whole within this, and a blob at no less than
+# this rate over any window of BLOB_WINDOW seconds: a registry dripping a byte at a time
+# would otherwise hold a pull for as long as it likes (each read is within TIMEOUT).
+DOCUMENT_DEADLINE = 60.0
+BLOB_MIN_RATE = 32 * 1024
+BLOB_WINDOW = 60.0
 RETRY_STATUS = {429, 500, 502, 503, 504}
 BROKEN = (ConnectionError, http.client.HTTPException, socket.timeout, TimeoutError, OSError)
 
@@ -89,6 +95,27 @@ def _as_registry_error(method: F) -> F:
         except TRANSPORT as exc:
             raise convert(self, exc) from None
     return cast(F, call)
+
+
+def read_document(body: Any, what: str, *, clock: Callable[[], float] = time.monotonic,
+                  deadline: float | None = None) -> bytes:
+    """Up to MAX_DOCUMENT_BYTES + 1 bytes of a document's body, within DOCUMENT_DEADLINE
+    (RegistryError, said, when the registry is slower than that)."""
+    limit = deadline if deadline is not None else DOCUMENT_DEADLINE
+    start = clock()
+    data = b""
+    read = getattr(body, "read1", None) or body.read
+    while len(data) <= MAX_DOCUMENT_BYTES:
+        chunk = read(min(CHUNK, MAX_DOCUMENT_BYTES + 1 - len(data)))
+        if not chunk:
+            break
+        data += chunk
+        if clock() - start > limit:
+            raise RegistryError(f"{what}: the document is not whole after {limit:.0f} s "
+                                f"({len(data)} bytes so far): the registry is too slow or "
+                                "stalling", hint="is the registry (or a proxy before it) "
+                                "healthy?")
+    return data
 
 
 def _b64(text: str) -> str:
@@ -321,7 +348,7 @@ class Registry:
         try:
             conn.request("GET", f"{realm.path or '/'}?{query}", headers=headers)
             resp = conn.getresponse()
-            data = resp.read(MAX_DOCUMENT_BYTES + 1)
+            data = read_document(resp, f"token service {as_data(params['realm'], 200)}")
         except BROKEN as exc:
             raise RegistryError(f"token service {as_data(params['realm'], 200)}: "
                                 f"{as_data(str(exc), 300)}") from None
@@ -405,9 +432,22 @@ class Registry:
         assert resp.body is not None
         hasher = hashlib.sha256()
         seen = 0
+        window_start, window_seen = time.monotonic(), 0
+        # read1: what has arrived, so a slow registry is measured as it drips
+        read = getattr(resp.body, "read1", None) or resp.body.read
         try:
-            while chunk := resp.body.read(CHUNK):
+            while chunk := read(CHUNK):
                 seen += len(chunk)
+                now = time.monotonic()
+                if now - window_start >= BLOB_WINDOW:
+                    rate = (seen - window_seen) / (now - window_start)
+                    if rate < BLOB_MIN_RATE:
+                        raise RegistryError(
+                            f"{self.ref}: GET blob {digest}: {rate / 1024:.1f} KiB/s over the "
+                            f"last {now - window_start:.0f} s, below the minimum of "
+                            f"{BLOB_MIN_RATE // 1024} KiB/s ({seen} of {size} bytes)",
+                            hint="is the registry (or a proxy before it) healthy?")
+                    window_start, window_seen = now, seen
                 if seen > size:
                     raise CacheRefused(f"{self.ref}: blob {digest} is longer than the "
                                        f"{size} bytes its descriptor says")
@@ -477,7 +517,7 @@ class Registry:
         resp = self.request("GET", self._path("manifests", reference),
                             headers={"Accept": accept}, what=f"GET manifest {reference}")
         assert resp.body is not None
-        data = resp.body.read(MAX_DOCUMENT_BYTES + 1)
+        data = read_document(resp.body, f"{self.ref}: GET manifest {reference}")
         self.drain(resp)
         if len(data) > MAX_DOCUMENT_BYTES:
             raise CacheRefused(f"{self.ref}: manifest {reference} is larger than "
@@ -525,7 +565,7 @@ class Registry:
         except NotCached:
             return None
         assert resp.body is not None
-        data = resp.body.read(MAX_DOCUMENT_BYTES + 1)
+        data = read_document(resp.body, f"{self.ref}: GET referrers {digest}")
         self.drain(resp)
         if (resp.header("content-type") or "").split(";")[0] != OCI_INDEX:
             return None
