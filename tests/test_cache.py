@@ -990,7 +990,7 @@ def test_a_dripping_registry_meets_a_deadline_and_a_minimum_rate(
     try:
         start = time.monotonic()
         with Registry(ref) as reg, pytest.raises(RegistryError,
-                                                 match="not whole after 0 s|not whole after 1 s"):
+                                                 match=r"not whole after [01] s"):
             reg.get_manifest("latest")
         assert time.monotonic() - start < 5
         digest = "sha256:" + "0" * 64
