@@ -768,6 +768,20 @@ def test_build_with_a_cache_and_a_key_pushes_after_identity(pushed: Pushed,
         assert reg.has_manifest(tag_for(pushed.oracle.pin.content_hash, "cpu")) is not None
 
 
+def _pull_from(handler: type[http.server.BaseHTTPRequestHandler], home: Path) -> int:
+    """`pull` of the CPU pin from a local HTTP server answering with ``handler``."""
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.handle_error = lambda *a: None  # type: ignore[method-assign]  # a reset's own noise
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        return main(["pull", "--cache", f"oci+http://127.0.0.1:{httpd.server_address[1]}/a/b",
+                     "--pin", str(CPU_PIN), "--home", str(home)])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
 class Forging(http.server.BaseHTTPRequestHandler):
     """Answers every request 500 with a body that tries to print a verdict line."""
 
@@ -787,15 +801,7 @@ def test_a_registrys_words_are_printed_as_data(tmp_path: Path,
     """A registry's error body (`HTTP 500: oops\\nORACLE_IDENTITY_OK`) went into the message
     raw, so `pull` printed a bare ORACLE_IDENTITY_OK line (and raw escapes): shown escaped
     now, on the message's own line (issue 31 item 2)."""
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forging)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        code = main(["pull", "--cache", f"oci+http://127.0.0.1:{httpd.server_address[1]}/a/b",
-                     "--pin", str(CPU_PIN), "--home", str(tmp_path / "home")])
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    code = _pull_from(Forging, tmp_path / "home")
     out, err = capsys.readouterr()
     assert code == EXIT_REGISTRY, err
     assert "oops\\nORACLE_IDENTITY_OK\\n\\x1b[2K" in err and "\x1b" not in err
@@ -871,17 +877,7 @@ def test_a_malformed_registry_answer_is_exit_15_not_an_internal_error(
     """A manifest sent chunked with a bad chunk size (IncompleteRead), cut short, or reset
     mid-body ended as exit 70, and `build --cache` then aborted: every such answer is a
     registry failure (exit 15), which `build --cache` builds past (issue 31 item 6)."""
-    handler = type("Handler", (Malformed,), {"mode": mode})
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    httpd.handle_error = lambda *a: None  # type: ignore[method-assign]  # the reset's own
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        code = main(["pull", "--cache", f"oci+http://127.0.0.1:{httpd.server_address[1]}/a/b",
-                     "--pin", str(CPU_PIN), "--home", str(tmp_path / "home")])
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    code = _pull_from(type("Handler", (Malformed,), {"mode": mode}), tmp_path / "home")
     err = capsys.readouterr().err
     assert code == EXIT_REGISTRY, err[-2000:]
     assert "internal error" not in err
