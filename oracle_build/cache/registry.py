@@ -115,6 +115,8 @@ def read_document(body: Any, what: str, *, clock: Callable[[], float] = time.mon
                                 f"({len(data)} bytes so far): the registry is too slow or "
                                 "stalling", hint="is the registry (or a proxy before it) "
                                 "healthy?")
+    if len(data) <= MAX_DOCUMENT_BYTES:
+        body.read()  # at its end: read() closes the response (read1 never does)
     return data
 
 
@@ -453,6 +455,7 @@ class Registry:
                                        f"{size} bytes its descriptor says")
                 hasher.update(chunk)
                 yield chunk
+            resp.body.read()  # at its end: read() closes the response (read1 never does)
         except BROKEN as exc:
             raise RegistryError(f"{self.ref}: GET blob {digest}: {type(exc).__name__}: "
                                 f"{as_data(str(exc), 300)} "
