@@ -112,7 +112,9 @@ def test_target_mismatch(cpu_oracle: BuiltOracle) -> None:
                   device_name="GB10", torch_cuda_arch_list="12.1", expected_sm=["sm_121"])
     bad = identity.compare(cpu_oracle.pin, gb10, cpu_oracle.venv, facts)
     assert ("device", "GB10 sm_121", "no CUDA device visible") in bad
-    arm = cpu_oracle.pin.target("cpu").model_copy(update={"machine": "aarch64"})
+    # (model_copy does not validate: an aarch64 target holds no x86_64 variant)
+    arm = cpu_oracle.pin.target("cpu").model_copy(update={"machine": "aarch64",
+                                                           "kernel_variant": "native"})
     bad = identity.compare(cpu_oracle.pin, arm, cpu_oracle.venv, facts)
     assert ("machine", "aarch64", "x86_64") in bad
 
