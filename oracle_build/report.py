@@ -11,6 +11,7 @@ from typing import Any
 
 from oracle_build.contracts.base import printable
 from oracle_build.contracts.reports import GoldenVerdict, VerifyReport
+from oracle_build.core.errors import as_data
 from oracle_build.core.files import atomic_write_bytes
 from oracle_build.core.log import say
 
@@ -27,8 +28,7 @@ def _fmt(value: Any) -> str:
 
 def _text(value: Any) -> str:
     """A sentence that may quote input (a why, a reason), as data on one line, bounded."""
-    text = printable(str(value))
-    return text if len(text) <= 500 else text[:497] + "..."
+    return as_data(str(value), 500)
 
 
 # what acts mid-line (a value never starts a line here: each follows our own words)

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 
 from oracle_build.contracts.cache import REPOSITORY, TAG
-from oracle_build.core.errors import BadInput
+from oracle_build.core.errors import BadInput, as_data
 
 HOST = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)(:[0-9]{1,5})?$")
 ENV = "ORACLE_BUILD_CACHE"
@@ -52,8 +52,7 @@ def redacted(text: str) -> str:
         if "@" in netloc:
             netloc = "***@" + netloc.rpartition("@")[2]
         text = scheme + sep + netloc + slash + path
-    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-    return shown if len(shown) <= 300 else shown[:300] + "..."
+    return as_data(text, 300)
 
 
 def parse(text: str, *, allow_insecure: bool = False, where: str = "--cache") -> CacheRef:

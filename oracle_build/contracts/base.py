@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from oracle_build.core.errors import BadInput
+from oracle_build.core.errors import BadInput, as_data
 
 MAX_TOKEN_ID = 2**31 - 1
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -91,8 +91,9 @@ CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 def printable(text: str) -> str:
     """``text`` with every control character shown as an escape, for printing a value read
-    from someone else's file on one line (a newline could otherwise print a verdict)."""
-    return CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
+    from someone else's file on one line (a newline could otherwise print a verdict). The
+    same escaping as ``core.errors.as_data``, without its length bound."""
+    return as_data(text, limit=max(len(text) * 10, 1))
 
 
 def control_characters(value: Any, where: str = "") -> list[tuple[str, str]]:
