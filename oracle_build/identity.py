@@ -23,15 +23,15 @@ from oracle_build import devices, manifest
 from oracle_build.contracts.pins import GitSource, Pin, Target
 from oracle_build.contracts.probe import ProbeFacts
 from oracle_build.contracts.record import load_record
-from oracle_build.core import layout
+from oracle_build.core import layout, verdicts
 from oracle_build.core.env import RECORDED_PREFIXES
-from oracle_build.core.errors import BadInput, BuildFailed, IdentityMismatch
+from oracle_build.core.errors import BadInput, BuildFailed, IdentityMismatch, as_data
 from oracle_build.core.files import sha256_file, validate
 from oracle_build.devices import Hold
 from oracle_build.oracle_venv import OracleVenv
 
-OK_LINE = "ORACLE_IDENTITY_OK"
-MISMATCH_LINE = "ORACLE_IDENTITY_MISMATCH"
+OK_LINE = verdicts.IDENTITY_OK
+MISMATCH_LINE = verdicts.IDENTITY_MISMATCH
 
 
 @dataclass
@@ -84,18 +84,18 @@ class Identity:
         return f"cpu {self.facts.get('machine', '')}".strip()
 
     def block(self) -> str:
-        s = self.summary()
+        s = {k: as_data(str(v)) if v else v for k, v in self.summary().items()
+             if isinstance(v, str | int | float) or v is None}
         lines = [
             f"vllm {s['vllm'] or '-'}   transformers {s['transformers'] or '-'}   "
             f"flashinfer {s['flashinfer'] or '-'}",
             f"torch {s['torch'] or '-'}   {s['device']}",
             f"vllm_file {s['vllm_file'] or '-'}",
         ]
-        if self.ok:
-            lines.append(OK_LINE)
-        else:
-            lines.append(MISMATCH_LINE)
-            lines += [f"  {f}: expected {e}, found {g}" for f, e, g in self.mismatches]
+        lines.append(verdicts.identity(self.ok))
+        if not self.ok:
+            lines += [f"  {as_data(f)}: expected {as_data(str(e))}, found {as_data(str(g))}"
+                      for f, e, g in self.mismatches]
         return "\n".join(lines)
 
 

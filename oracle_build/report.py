@@ -11,6 +11,7 @@ from typing import Any
 
 from oracle_build.contracts.base import printable
 from oracle_build.contracts.reports import GoldenVerdict, VerifyReport
+from oracle_build.core import verdicts
 from oracle_build.core.errors import as_data
 from oracle_build.core.files import atomic_write_bytes
 from oracle_build.core.log import say
@@ -85,7 +86,7 @@ def verdict_words(v: GoldenVerdict) -> dict[str, str]:
 def render(report: VerifyReport) -> str:
     lines = []
     for v in report.goldens:
-        lines.append(f"== {v.name}  ({_text(v.path)})")
+        lines.append(f"== {_text(v.name)}  ({_text(v.path)})")
         if v.status == "config_unrecorded":
             lines.append(f"  {UNRECORDED_BANNER}")
             lines += [f"    {n}" for n in v.notes]
@@ -129,13 +130,12 @@ def render(report: VerifyReport) -> str:
         if v.gate:
             lines.append(f"  gate: {v.gate.kind} ({_text(v.gate.reason)}): "
                          + {True: "PASS", False: "FAIL", None: "not judged"}[v.gate.passed])
-        lines.append(f"  => {v.status.upper().replace('_', ' ')}"
-                     + (f": {v.why}" if v.why and v.status != "config_unrecorded" else ""))
+        lines.append(verdicts.golden(v.status, v.why if v.status != "config_unrecorded"
+                                     else ""))
     counts: dict[str, int] = {}
     for v in report.goldens:
         counts[v.status] = counts.get(v.status, 0) + 1
-    lines.append("verify: " + ", ".join(f"{k} {n}" for k, n in sorted(counts.items()))
-                 + f" (exit {report.exit_code})")
+    lines.append(verdicts.verify_closing(counts, report.exit_code))
     return "\n".join(lines)
 
 
@@ -211,9 +211,9 @@ def _prompt_ids(path: str) -> list[str]:
 def summary_md(report: VerifyReport) -> str:
     """Markdown for a CI job summary ($GITHUB_STEP_SUMMARY): per golden the identity line,
     configuration differences, the token table and the gate."""
-    lines = [f"## oracle-build verify: exit {report.exit_code}", ""]
+    lines = [verdicts.summary_heading(report.exit_code), ""]
     for v in report.goldens:
-        lines.append(f"### {_md(v.name)}: {v.status.upper().replace('_', ' ')}")
+        lines.append(verdicts.summary_golden(_md(v.name), v.status))
         lines.append("")
         if v.why:
             lines.append(f"> {_md(v.why)}")

@@ -842,6 +842,30 @@ class Malformed(http.server.BaseHTTPRequestHandler):
             self.wfile.write(b"{}")
             return
         mode = type(self).mode
+        if mode == "realm_port":  # a token realm with an invalid port (ValueError in urllib)
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Bearer realm="http://127.0.0.1:99999/token"'
+                             ',service="r"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if mode == "redirect_port" and "/blobs/" in self.path:  # the envelope blob, redirected
+            self.send_response(307)
+            self.send_header("Location", "http://127.0.0.1:99999/blob")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if mode == "redirect_port" and self.path.endswith(".att"):
+            body = json.dumps(_ATTESTATION).encode()
+        elif mode == "redirect_port":
+            body = json.dumps(_SUBJECT).encode()
+        if mode == "redirect_port":
+            self.send_response(200)
+            self.send_header("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         if mode == "reset":
             self.send_response(200)
             self.send_header("Content-Length", "5000")
@@ -871,16 +895,61 @@ class Malformed(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize("mode", ["chunk", "short", "reset"])
+_SUBJECT = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "artifactType": "application/vnd.oracle-build.oracle.v1",
+            "config": {"mediaType": "application/vnd.oracle-build.oracle.config.v1+json",
+                       "digest": "sha256:" + "1" * 64, "size": 10}, "layers": []}
+_ATTESTATION = {**_SUBJECT, "artifactType": "application/vnd.dsse.envelope.v1+json",
+                "subject": {"mediaType": _SUBJECT["mediaType"],
+                            "size": len(json.dumps(_SUBJECT)),
+                            "digest": "sha256:" + hashlib.sha256(
+                                json.dumps(_SUBJECT).encode()).hexdigest()},
+                "layers": [{"mediaType": "application/vnd.dsse.envelope.v1+json",
+                            "digest": "sha256:" + "4" * 64, "size": 100}]}
+MALFORMED = ["chunk", "short", "reset", "realm_port", "redirect_port"]
+
+
+@pytest.mark.parametrize("mode", MALFORMED)
 def test_a_malformed_registry_answer_is_exit_15_not_an_internal_error(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str) -> None:
     """A manifest sent chunked with a bad chunk size (IncompleteRead), cut short, or reset
-    mid-body ended as exit 70, and `build --cache` then aborted: every such answer is a
-    registry failure (exit 15), which `build --cache` builds past (issue 31 item 6)."""
+    mid-body; a token realm, or the envelope blob's redirect, to a port out of range
+    (ValueError, before any signature check): each ended as exit 70, and `build --cache`
+    then aborted. Every such answer is a registry failure (exit 15) (issue 31 item 6)."""
     code = _pull_from(type("Handler", (Malformed,), {"mode": mode}), tmp_path / "home")
     err = capsys.readouterr().err
     assert code == EXIT_REGISTRY, err[-2000:]
     assert "internal error" not in err
+    if mode.endswith("_port"):
+        assert "99999" in err and "Port out of range" in err, err[-2000:]
+
+
+def test_build_with_a_cache_builds_past_every_malformed_answer(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`build --cache` fills its wheelhouse through `pull_or_say` (commands/build.py) before
+    its fetch step: for every malformed answer above, and a registry's 500, it says why and
+    goes on building without the cache, never aborting (issue 31 item 6)."""
+    from oracle_build.cache import registry as regmodule
+    from oracle_build.commands.build import pull_or_say
+
+    monkeypatch.setattr(regmodule, "RETRIES", 1)  # the 500's retries are test_retries'
+    pin = load_pin(CPU_PIN)
+    for handler in [*(type("Handler", (Malformed,), {"mode": m}) for m in MALFORMED), Forging]:
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        httpd.handle_error = lambda *a: None  # type: ignore[method-assign]
+        thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+        thread.start()
+        try:
+            opts = CacheOptions(ref=parse(f"oci+http://127.0.0.1:{httpd.server_address[1]}/a/b"))
+            pull_or_say(opts, pin, "cpu", tmp_path / "wh")
+        finally:
+            httpd.shutdown()
+            httpd.server_close()
+        err = capsys.readouterr().err
+        assert "cache: registry:" in err and "cache: building without it" in err, \
+            (handler, err[-2000:])
+        assert "internal error" not in err
 
 
 def _tiny_wheel(path: Path, name: str, version: str, tag: str) -> Path:

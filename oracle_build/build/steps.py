@@ -32,6 +32,7 @@ from oracle_build.contracts.record import (
 )
 from oracle_build.core import env as envmod
 from oracle_build.core import proc
+from oracle_build.core.env import tool_variable
 from oracle_build.core.errors import (
     BuildFailed,
     IdentityMismatch,
@@ -76,7 +77,7 @@ def preflight(state: BuildState, step: Step) -> None:
     facts: dict[str, Any] = {}
     p.home.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(p.home).free
-    min_free = environ.get("ORACLE_BUILD_MIN_FREE_GIB")
+    min_free = tool_variable("ORACLE_BUILD_MIN_FREE_GIB", environ)
     need = (float(min_free) if min_free else devices.module(p.target).BUILD_DISK_GIB) * 2**30
     facts["disk_free_bytes"] = free
     if free < need:
@@ -95,7 +96,7 @@ def preflight(state: BuildState, step: Step) -> None:
     facts["python"] = found.output.strip()
     mem = host.available_memory()
     facts["mem_available_bytes"] = mem
-    min_mem = environ.get("ORACLE_BUILD_MIN_MEMORY_GIB")
+    min_mem = tool_variable("ORACLE_BUILD_MIN_MEMORY_GIB", environ)
     floor = (float(min_mem) if min_mem
              else devices.module(p.target).BUILD_MEMORY_FLOOR_GIB) * 2**30
     if mem is not None and mem < floor:

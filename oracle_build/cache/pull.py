@@ -205,10 +205,9 @@ def _expected_layers(pin: Pin, target_name: str, manifest: Manifest, config: Ora
     if built_key and built_key not in seen:
         problems.append(f"the built {built_key[0]}=={built_key[1]} has no layer")
     if problems:
-        raise CacheRefused(f"{where}: the artifact is not this pin's oracle:\n  "
-                           + "\n  ".join(problems[:12])
-                           + (f"\n  ... and {len(problems) - 12} more"
-                              if len(problems) > 12 else ""))
+        raise CacheRefused(f"{where}: the artifact is not this pin's oracle:",
+                           details=problems[:12] + ([f"... and {len(problems) - 12} more"]
+                                                    if len(problems) > 12 else []))
     return out
 
 

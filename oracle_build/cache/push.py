@@ -34,7 +34,7 @@ from oracle_build.contracts.cache import (
 )
 from oracle_build.contracts.pins import GitSource, Pin
 from oracle_build.contracts.record import BuildRecord, NumericsRecord, load_record
-from oracle_build.core import layout
+from oracle_build.core import layout, verdicts
 from oracle_build.core.errors import (
     OracleMissing,
     Refused,
@@ -96,7 +96,7 @@ def _numerics_fingerprint(venv: Path) -> str | None:
         rec = NumericsRecord.model_validate_json(path.read_bytes())
     except (OSError, ValidationError, ValueError):
         return None
-    if rec.verdict != "ORACLE_NUMERICS_OK" or not rec.whole_battery or not rec.fingerprint:
+    if rec.verdict != verdicts.NUMERICS_OK or not rec.whole_battery or not rec.fingerprint:
         return None
     return rec.fingerprint.removeprefix("sha256:")
 

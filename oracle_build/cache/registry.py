@@ -37,6 +37,7 @@ from typing import IO, Any, TypeVar, cast
 
 from oracle_build.cache.ref import CacheRef
 from oracle_build.contracts.cache import DIGEST, MAX_DOCUMENT_BYTES, OCI_INDEX, OCI_MANIFEST
+from oracle_build.core.env import tool_variable
 from oracle_build.core.errors import (
     CacheRefused,
     NotCached,
@@ -65,6 +66,17 @@ TRANSPORT = (*BROKEN, ValueError, UnicodeError)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def url_port(url: urllib.parse.SplitResult, what: str) -> int:
+    """The port of a URL the registry sent (a token realm, a redirect), or its scheme's
+    default: one out of range or not a number is the registry's fault (exit 15), named."""
+    try:
+        port = url.port
+    except ValueError as exc:
+        raise RegistryError(f"{what}: {exc}", hint="is the registry (or a proxy before it) "
+                            "healthy?") from None
+    return port or (443 if url.scheme == "https" else 80)
 
 
 def _as_registry_error(method: F) -> F:
@@ -141,10 +153,12 @@ class Credentials:
 def credentials_for(ref: CacheRef, env: dict[str, str] | None = None) -> Credentials:
     """The environment's credentials first, then the Docker config file's for this host."""
     env = dict(os.environ) if env is None else env
-    if env.get("ORACLE_BUILD_CACHE_TOKEN"):
-        return Credentials(token=env["ORACLE_BUILD_CACHE_TOKEN"],
+    token = tool_variable("ORACLE_BUILD_CACHE_TOKEN", env)
+    if token:
+        return Credentials(token=token,
                            source="ORACLE_BUILD_CACHE_TOKEN")
-    user, password = env.get("ORACLE_BUILD_CACHE_USERNAME"), env.get("ORACLE_BUILD_CACHE_PASSWORD")
+    user = tool_variable("ORACLE_BUILD_CACHE_USERNAME", env)
+    password = tool_variable("ORACLE_BUILD_CACHE_PASSWORD", env)
     if user and password is not None:
         return Credentials(user, password, source="ORACLE_BUILD_CACHE_USERNAME/_PASSWORD")
     config = Path(env["DOCKER_CONFIG"]) / "config.json" if env.get("DOCKER_CONFIG") else \
@@ -339,7 +353,7 @@ class Registry:
         query = urllib.parse.urlencode({k: v for k, v in (("service", params.get("service")),
                                                           ("scope", scope)) if v})
         host = realm.hostname or ""
-        port = realm.port or (443 if realm.scheme == "https" else 80)
+        port = url_port(realm, f"{self.ref}: token service {params['realm']!r}")
         conn_cls = http.client.HTTPSConnection if realm.scheme == "https" else \
             http.client.HTTPConnection
         conn = conn_cls(host, port, timeout=TIMEOUT)
@@ -487,8 +501,8 @@ class Registry:
                                 f"HTTP ({split.netloc}): not followed")
         conn_cls = http.client.HTTPSConnection if split.scheme == "https" else \
             http.client.HTTPConnection
-        conn = conn_cls(split.hostname or "", split.port or (443 if split.scheme == "https"
-                                                             else 80), timeout=TIMEOUT)
+        conn = conn_cls(split.hostname or "", url_port(
+            split, f"{self.ref}: blob {digest} redirected to {location!r}"), timeout=TIMEOUT)
         headers = {}
         if split.netloc == self.ref.netloc and self._auth:
             headers["Authorization"] = self._auth

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +17,7 @@ from oracle_build.commands.common import (
     pin_and_target,
     print_identity,
 )
+from oracle_build.core.env import tool_variable
 from oracle_build.core.errors import EXIT_OK
 from oracle_build.core.log import say
 
@@ -62,8 +62,8 @@ def run_build(args: argparse.Namespace) -> int:
 
     pin, target = pin_and_target(args, plan_only=args.dry_run)
     home, wheelhouse = homes(args)
-    mirror = args.mirror or os.environ.get("ORACLE_BUILD_VLLM_MIRROR")
-    externals = args.externals or os.environ.get("ORACLE_BUILD_EXTERNALS")
+    mirror = args.mirror or tool_variable("ORACLE_BUILD_VLLM_MIRROR")
+    externals = args.externals or tool_variable("ORACLE_BUILD_EXTERNALS")
     ext_dir = Path(externals).resolve() if externals else None
     if args.dry_run:
         p = build.plan(pin, target, home=home, wheelhouse_root=wheelhouse, mirror=mirror,

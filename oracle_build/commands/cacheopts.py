@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from oracle_build.core.env import tool_variable
 from oracle_build.core.errors import BadInput
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def cache_options(args: argparse.Namespace, *, required: bool) -> CacheOptions |
     from oracle_build.cache.ref import ENV, parse
     from oracle_build.cache.signing import load_signing_key
 
-    text = args.cache or os.environ.get(ENV)
+    text = args.cache or tool_variable(ENV)
     if not text:
         if required:
             raise BadInput("--cache", [("cache", "no cache named (--cache REF or "
@@ -52,9 +52,9 @@ def cache_options(args: argparse.Namespace, *, required: bool) -> CacheOptions |
         return None
     ref = parse(text, allow_insecure=args.allow_insecure_registry,
                 where="--cache" if args.cache else ENV)
-    key_file = args.signing_key or os.environ.get("ORACLE_BUILD_SIGNING_KEY")
+    key_file = args.signing_key or tool_variable("ORACLE_BUILD_SIGNING_KEY")
     key = load_signing_key(Path(key_file)) if key_file else None
-    trusted = args.trusted_keys or os.environ.get("ORACLE_BUILD_TRUSTED_KEYS")
+    trusted = args.trusted_keys or tool_variable("ORACLE_BUILD_TRUSTED_KEYS")
     return CacheOptions(ref=ref, signing_key=key,
                         trusted_keys=Path(trusted).resolve() if trusted else None,
                         allow_unsigned=args.allow_unsigned,

@@ -38,7 +38,7 @@ from oracle_build.contracts.golden import (
 )
 from oracle_build.contracts.pins import Pin, load_pin
 from oracle_build.contracts.spec import Spec, load_spec, spec_file
-from oracle_build.core import layout
+from oracle_build.core import layout, verdicts
 from oracle_build.core.errors import EXIT_OK, BadInput, EngineFailed, OutputFailed, Refused
 from oracle_build.core.filelock import held
 from oracle_build.core.files import read_text, sha256_bytes, sha256_file
@@ -232,7 +232,7 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
         for job in jobs:
             prepare(job, oracles, home)
         groups = by_engine(jobs, Job.configuration)
-        say("ORACLE_IDENTITY_OK")
+        say(verdicts.identity(True))
         written: list[Path] = []
         for n, group in enumerate(groups, start=1):
             say(f"==> engine {n}/{len(groups)}: {', '.join(j.spec.name for j in group)}")

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from oracle_build import devices
 from oracle_build.contracts.pins import Pin
+from oracle_build.core.env import tool_variable
 from oracle_build.core.errors import PreflightFailed
 from oracle_build.identity import Identity
 
@@ -53,7 +53,7 @@ def find_default_pin() -> Path:
     from oracle_build import host
     from oracle_build.contracts.pins import load_pin
 
-    env = os.environ.get("ORACLE_BUILD_PIN")
+    env = tool_variable("ORACLE_BUILD_PIN")
     if env:
         return Path(env)
     if not PINS_DIR.is_dir():

@@ -43,22 +43,24 @@ from oracle_build.contracts.pins import Pin
 from oracle_build.contracts.record import NumericsRecord
 from oracle_build.contracts.reports import GoldenVerdict
 from oracle_build.contracts.spec import load_spec
+from oracle_build.core import verdicts
 from oracle_build.core.errors import (
     EXIT_DRIFT,
     EXIT_NOT_HERE,
     EXIT_OK,
     BadInput,
     PreflightFailed,
+    as_data,
 )
 from oracle_build.core.files import atomic_write_bytes, atomic_write_json, read_text
 from oracle_build.core.layout import beside_record, build_record_path, utc_now
 from oracle_build.core.log import say
 from oracle_build.oracles import Oracle, Oracles
 
-OK_LINE = "ORACLE_NUMERICS_OK"
-DRIFT_LINE = "ORACLE_NUMERICS_DRIFT"
-NOT_HELD_LINE = "ORACLE_NUMERICS_NOT_HELD"
-CAPTURED_LINE = "ORACLE_NUMERICS_CAPTURED"
+OK_LINE = verdicts.NUMERICS_OK
+DRIFT_LINE = verdicts.NUMERICS_DRIFT
+NOT_HELD_LINE = verdicts.NUMERICS_NOT_HELD
+CAPTURED_LINE = verdicts.NUMERICS_CAPTURED
 PIN_LINE = re.compile(r'^pin\s*=\s*"[^"\n]*"\s*$', re.M)
 
 
@@ -241,7 +243,8 @@ def captured_elsewhere(golden_path: Path) -> str:
     if theirs and theirs == here["cpu_model"] and recorded_host.get("cpu_vendor") == here[
             "cpu_vendor"]:
         return ""
-    return (f"captured on {theirs or 'a CPU model it did not record'}, this host "
+    shown = as_data(str(theirs), 200) if theirs else "a CPU model it did not record"
+    return (f"captured on {shown}, this host "
             f"{here['cpu_model'] or 'unknown'}")
 
 
@@ -311,9 +314,9 @@ def run_numerics(args: argparse.Namespace) -> int:
               f"{', '.join(out.captured)}")
         print(f"  commit it: git add {out.set_dir}")
     if out.line:
-        print(out.line + (f" {out.fingerprint}" if out.fingerprint else ""))
+        print(verdicts.numerics(out.line, out.fingerprint or None))
     for line in out.drift + out.not_held:
-        print(line)
+        print(as_data(line, 2000))  # prompt ids, CPU models: values read from the goldens
     if args.only:
         say("(fingerprint over the members run with --only, not the whole battery)")
     return out.exit_code

@@ -12,6 +12,7 @@ from oracle_build.commands.common import (
     homes,
     pin_and_target,
 )
+from oracle_build.core import verdicts
 from oracle_build.core.errors import EXIT_OK
 from oracle_build.core.log import say
 
@@ -45,7 +46,7 @@ def run_push(args: argparse.Namespace) -> int:
     from oracle_build.core.layout import oracle_path
 
     identity.require(pin, pin.target(target), oracle_path(home, pin.key))
-    say("ORACLE_IDENTITY_OK: pushing")
+    say(verdicts.identity_then("pushing"))
     result = cache.push(opts, pin, target, home=home, wheelhouse_root=wheelhouse,
                         unsigned=args.unsigned)
     print(f"{opts.ref}:{result.tag}@{result.digest}")

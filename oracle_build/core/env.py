@@ -88,3 +88,20 @@ def build_env() -> dict[str, str]:
 
 def recorded(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in sorted(env.items()) if k.startswith(RECORDED_PREFIXES)}
+
+
+def tool_variable(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """One of the tool's own variables (``ORACLE_BUILD_*``), or None when unset or empty.
+    It comes from whoever set up the caller's environment: a value with a control character
+    (a newline could print a line of its own, an escape rewrite the terminal) is refused,
+    exit 2, named, and shown escaped."""
+    from oracle_build.core.errors import BadInput, as_data
+
+    value = (os.environ if environ is None else environ).get(name)
+    if not value:
+        return None
+    if as_data(value, limit=len(value) * 10 + 1) != value:
+        raise BadInput(f"${name}", [("<value>", f"{as_data(value, 200)}: holds a control "
+                                     "character (a newline, an escape): refused")],
+                       hint=f"unset {name} or set it to a plain value")
+    return value

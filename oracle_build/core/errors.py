@@ -39,7 +39,19 @@ class OracleBuildError(Exception):
     exit_code = EXIT_INTERNAL
     label = "error"
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
+    # True for the errors whose message quotes a registry's answer (a status text, a body,
+    # a header, a field of a manifest or a signature): the whole message is printed as data
+    # (``as_data``), so none of it can start a line; ``details`` are the lines of our own.
+    quotes_input = False
+
+    def __init__(self, message: str, *, hint: str | None = None,
+                 details: list[str] | None = None) -> None:
+        if self.quotes_input:
+            message = as_data(message, 4000)
+            hint = as_data(hint, 1000) if hint else hint
+            details = [as_data(d, 1000) for d in details or []]
+        if details:
+            message += "".join(f"\n  {d}" for d in details)
         super().__init__(message)
         self.message = message
         self.hint = hint
@@ -150,18 +162,22 @@ class OutputFailed(OracleBuildError):
 class RegistryError(OracleBuildError):
     exit_code = EXIT_REGISTRY
     label = "registry"
+    quotes_input = True
 
 
 class RegistryAuth(OracleBuildError):
     exit_code = EXIT_REGISTRY_AUTH
     label = "registry auth"
+    quotes_input = True
 
 
 class NotCached(OracleBuildError):
     exit_code = EXIT_NOT_CACHED
     label = "not in the cache"
+    quotes_input = True
 
 
 class CacheRefused(OracleBuildError):
     exit_code = EXIT_CACHE_REFUSED
     label = "cache artifact refused"
+    quotes_input = True

@@ -20,6 +20,7 @@ import datetime as dt
 import os
 from pathlib import Path
 
+from oracle_build.core.env import tool_variable
 from oracle_build.core.files import sha256_bytes
 
 RECORD_DIR = "oracle-build"  # inside an oracle venv
@@ -39,7 +40,7 @@ def stamp() -> str:
 
 
 def default_home() -> Path:
-    env = os.environ.get("ORACLE_BUILD_HOME")
+    env = tool_variable("ORACLE_BUILD_HOME")
     if env:
         return Path(env).expanduser().resolve()
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -47,7 +48,7 @@ def default_home() -> Path:
 
 
 def default_wheelhouse(home: Path) -> Path:
-    env = os.environ.get("ORACLE_BUILD_WHEELHOUSE")
+    env = tool_variable("ORACLE_BUILD_WHEELHOUSE")
     return Path(env).expanduser().resolve() if env else home / "wheelhouse"
 
 

@@ -1,0 +1,88 @@
+"""The verdict lines, written here and nowhere else.
+
+Our users' gates read these words: a CI script greps a log for ``ORACLE_IDENTITY_OK``, a
+person reads ``=> PASS`` and the closing ``verify: ... (exit N)``, a step summary's headings.
+Each is made by one function of this module, from the tool's own facts (a status, a count,
+an exit code), never from a value read from a file, the environment or a registry; every
+such value is printed through ``core.errors.as_data`` (escaped, on the tail of a line the
+tool began). ``forged`` is the test's side of it: the lines of an output that look like a
+verdict, which only the tool itself may have written.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+IDENTITY_OK = "ORACLE_IDENTITY_OK"
+IDENTITY_MISMATCH = "ORACLE_IDENTITY_MISMATCH"
+NUMERICS_OK = "ORACLE_NUMERICS_OK"
+NUMERICS_DRIFT = "ORACLE_NUMERICS_DRIFT"
+NUMERICS_NOT_HELD = "ORACLE_NUMERICS_NOT_HELD"
+NUMERICS_CAPTURED = "ORACLE_NUMERICS_CAPTURED"
+NUMERICS_LINES = (NUMERICS_OK, NUMERICS_DRIFT, NUMERICS_NOT_HELD, NUMERICS_CAPTURED)
+
+# what a gate script or a reader takes for a verdict, at the start of a line (after blanks)
+VERDICT = re.compile(r"^\s*(ORACLE_[A-Z_]+|=> |verify: .*\(exit \d+\)|#+ oracle-build |"
+                     r"#+ .*: (PASS|DRIFT|ORACLE MISMATCH|CONFIGURATION DIFFERENCE)\b)")
+
+
+def identity(ok: bool) -> str:
+    """The identity block's last line (mismatches follow a MISMATCH line, indented)."""
+    return IDENTITY_OK if ok else IDENTITY_MISMATCH
+
+
+def identity_then(ok_what: str) -> str:
+    """``ORACLE_IDENTITY_OK: pushing``: identity passed, and what the command does next
+    (the tool's own word, a constant of the caller)."""
+    return f"{IDENTITY_OK}: {ok_what}"
+
+
+def numerics(line: str, fingerprint: str | None = None) -> str:
+    """The battery's closing line: one of ``NUMERICS_LINES``, then its fingerprint (hex)."""
+    assert line in NUMERICS_LINES, line
+    if fingerprint is not None:
+        assert re.fullmatch(r"[0-9a-f]{8,128}", fingerprint), fingerprint
+        return f"{line} {fingerprint}"
+    return line
+
+
+def status_words(status: str) -> str:
+    """A golden's status as the report says it: ``config_difference`` is
+    ``CONFIGURATION DIFFERENCE``."""
+    assert re.fullmatch(r"[a-z_]+", status), status
+    return status.upper().replace("_", " ")
+
+
+def golden(status: str, why: str = "") -> str:
+    """A golden's verdict line in verify's report: ``  => PASS`` or ``  => DRIFT: why``
+    (``why`` is the tool's own sentence; any value inside it was escaped where it was
+    written, and it is escaped again here, so that it cannot end this line)."""
+    from oracle_build.core.errors import as_data
+
+    return f"  => {status_words(status)}" + (f": {as_data(why, 2000)}" if why else "")
+
+
+def verify_closing(counts: Mapping[str, int], exit_code: int) -> str:
+    """``verify: drift 1, pass 2 (exit 1)``: the statuses counted, then the exit code."""
+    for k in counts:
+        assert re.fullmatch(r"[a-z_]+", k), k
+    parts = ", ".join(f"{k} {int(n)}" for k, n in sorted(counts.items()))
+    return f"verify: {parts} (exit {int(exit_code)})"
+
+
+def summary_heading(exit_code: int) -> str:
+    """The step summary's first heading (Markdown)."""
+    return f"## oracle-build verify: exit {int(exit_code)}"
+
+
+def summary_golden(name_md: str, status: str) -> str:
+    """A golden's heading in the step summary; ``name_md`` already escaped for Markdown."""
+    return f"### {name_md}: {status_words(status)}"
+
+
+def forged(text: str, allowed: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """The lines of ``text`` that look like a verdict and are not in ``allowed`` (the ones
+    the tool wrote itself, given by the test that knows them)."""
+    return [line for line in text.splitlines()
+            if VERDICT.match(line) and line not in allowed]
