@@ -1069,3 +1069,50 @@ def test_a_dripping_registry_meets_a_deadline_and_a_minimum_rate(
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_an_envelope_of_another_type_verifies_and_pull_says_what_it_takes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`sign` wrote payloadType in-toto whatever type it signed, so an envelope of any other
+    type could never verify: the envelope now says the type its signature covers; pull takes
+    in-toto statements only, and says so for any other (issue 32 item 7)."""
+    from oracle_build.cache import signing
+
+    _priv, pub, key = signing.generate("ci-builder-1", tmp_path / "keys")
+    trusted = signing.load_trusted(pub)
+    other = key.sign(b'{"a": 1}', "application/vnd.example+json")
+    assert other.payloadType == "application/vnd.example+json"
+    assert signing.verify(other, trusted, trusted_file=pub) == ("ci-builder-1", b'{"a": 1}')
+    forged = other.model_copy(update={"payloadType": "application/vnd.in-toto+json"})
+    with pytest.raises(CacheRefused, match="does not verify"):
+        signing.verify(forged, trusted, trusted_file=pub)  # the type is signed, not decoration
+    # pull, from a registry serving a signed manifest whose envelope is of that other type
+    from tests.test_forging import DSSE, MANIFEST, hostile_registry, json_answer
+
+    body = other.model_dump_json().encode()
+    subject = {"mediaType": MANIFEST["mediaType"], "size": len(json.dumps(MANIFEST)),
+               "digest": "sha256:" + hashlib.sha256(json.dumps(MANIFEST).encode()).hexdigest()}
+    attestation = {**MANIFEST, "artifactType": DSSE, "subject": subject, "layers": [{
+        "mediaType": DSSE, "size": len(body), "digest": "sha256:" + hashlib.sha256(
+            body).hexdigest()}]}
+    with hostile_registry() as (handler, ref):
+        handler.answers = {"ping": json_answer({}), "manifest": json_answer(MANIFEST),
+                           "attestation": json_answer(attestation),
+                           "blob": (200, {"Content-Type": "application/json"}, body)}
+        code = main(["pull", "--cache", ref, "--pin", str(CPU_PIN), "--home",
+                     str(tmp_path / "home"), "--trusted-keys", str(pub)])
+    assert code == EXIT_CACHE_REFUSED
+    assert "is a application/vnd.example+json envelope, not an in-toto statement" in \
+        capsys.readouterr().err
+
+
+def test_registry_errors_carry_their_status_and_codes() -> None:
+    """push decides on MANIFEST_BLOB_UNKNOWN from the error's codes, not its message text."""
+    from oracle_build.cache.registry import error_codes
+
+    body = json.dumps({"errors": [{"code": "MANIFEST_BLOB_UNKNOWN", "message": "blob unknown"},
+                                  {"code": "bad\ncode"}, "x"]})
+    assert error_codes(body) == ("MANIFEST_BLOB_UNKNOWN",)
+    assert error_codes("not json") == () and error_codes("[]") == ()
+    exc = RegistryError("x", status=400, codes=("MANIFEST_BLOB_UNKNOWN",))
+    assert exc.status == 400 and exc.codes == ("MANIFEST_BLOB_UNKNOWN",)

@@ -24,6 +24,7 @@ from oracle_build.contracts.cache import (
     ARTIFACT_TYPE,
     CONFIG_TYPE,
     DSSE_TYPE,
+    INTOTO_PAYLOAD,
     WHEEL_TYPE,
     Descriptor,
     Envelope,
@@ -86,6 +87,10 @@ def _provenance(reg: Registry, opts: CacheOptions, pin: Pin, target_name: str,
                            "envelopes, not one")
     envelope = _model(Envelope, reg.blob_bytes(layers[0].digest, layers[0].size),
                       f"{opts.ref} provenance envelope")
+    if envelope.payloadType != INTOTO_PAYLOAD:
+        raise CacheRefused(f"{opts.ref}: the provenance of {digest} is a "
+                           f"{envelope.payloadType} envelope, not an in-toto statement "
+                           f"({INTOTO_PAYLOAD})")
     trusted_file = opts.trusted_path(pin)
     trusted = load_trusted(trusted_file) if trusted_file.is_file() else {}
     try:

@@ -68,6 +68,20 @@ TRANSPORT = (*BROKEN, ValueError, UnicodeError)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def error_codes(body: str) -> tuple[str, ...]:
+    """The OCI distribution error codes of an error body (``{"errors": [{"code": ...}]}``),
+    for the code to decide on (``MANIFEST_BLOB_UNKNOWN``); () for any other body."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return ()
+    errors = data.get("errors") if isinstance(data, dict) else None
+    if not isinstance(errors, list):
+        return ()
+    return tuple(e["code"] for e in errors[:20] if isinstance(e, dict)
+                 and isinstance(e.get("code"), str) and re.fullmatch(r"[A-Z_]{1,64}", e["code"]))
+
+
 def url_port(url: urllib.parse.SplitResult, what: str) -> int:
     """The port of a URL the registry sent (a token realm, a redirect), or its scheme's
     default: one out of range or not a number is the registry's fault (exit 15), named."""
@@ -303,7 +317,8 @@ class Registry:
             if resp.status == 404:
                 raise NotCached(f"{self.ref}: {what}: not found (HTTP 404)")
             raise RegistryError(f"{self.ref}: {what}: HTTP {resp.status}: {as_data(text, 300)}"
-                                + (f" (after {attempt} attempts)" if attempt > 1 else ""))
+                                + (f" (after {attempt} attempts)" if attempt > 1 else ""),
+                                status=resp.status, codes=error_codes(text))
 
     @staticmethod
     def drain(resp: Response, keep: int = 0) -> str:

@@ -56,7 +56,7 @@ class SigningKey:
 
     def sign(self, payload: bytes, payload_type: str = INTOTO_PAYLOAD) -> Envelope:
         sig = self.key.sign(pae(payload_type, payload))
-        return Envelope(payloadType="application/vnd.in-toto+json",
+        return Envelope(payloadType=payload_type,
                         payload=base64.b64encode(payload).decode(),
                         signatures=[Signature(keyid=self.name,
                                               sig=base64.b64encode(sig).decode())])

@@ -106,7 +106,9 @@ class Signature(Strict):
 class Envelope(Strict):
     """A DSSE envelope (https://github.com/secure-systems-lab/dsse)."""
 
-    payloadType: Literal["application/vnd.in-toto+json"]
+    # any type DSSE allows (the signature covers it); what pull accepts is in-toto only,
+    # said by pull itself (a Literal here made `sign` unable to build any other envelope)
+    payloadType: str = Field(min_length=1, max_length=200)
     payload: str = Field(max_length=MAX_DOCUMENT_BYTES)
     signatures: list[Signature] = Field(min_length=1, max_length=16)
 

@@ -164,6 +164,13 @@ class RegistryError(OracleBuildError):
     label = "registry"
     quotes_input = True
 
+    def __init__(self, message: str, *, hint: str | None = None,
+                 details: list[str] | None = None, status: int | None = None,
+                 codes: tuple[str, ...] = ()) -> None:
+        super().__init__(message, hint=hint, details=details)
+        self.status = status  # the HTTP status, when the registry answered with one
+        self.codes = codes  # the OCI error codes of its body (MANIFEST_BLOB_UNKNOWN, ...)
+
 
 class RegistryAuth(OracleBuildError):
     exit_code = EXIT_REGISTRY_AUTH
