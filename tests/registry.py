@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from dataclasses import dataclass
@@ -51,10 +52,11 @@ class Server:
 
 
 def start(folder: Path, *, auth: tuple[str, str] | None = None,
-          token: dict[str, str] | None = None) -> Server:
+          token: dict[str, str] | None = None, tls: tuple[Path, Path] | None = None) -> Server:
     """``auth``: htpasswd with this user; ``token``: the registry token flow, trusting
     ``token["bundle"]`` (a PEM certificate) for tokens of ``token["issuer"]`` issued at
-    ``token["realm"]`` for ``token["service"]``."""
+    ``token["realm"]`` for ``token["service"]``; ``tls``: (certificate, key) PEM files, the
+    registry then speaks HTTPS only."""
     if not Path(REGISTRY).is_file():
         raise RuntimeError("docker-registry is not installed (apt-get install docker-registry "
                            "apache2-utils; .ci/run does)")
@@ -64,6 +66,8 @@ def start(folder: Path, *, auth: tuple[str, str] | None = None,
     lines = ["version: 0.1", "log:", "  level: error", "  accesslog:", "    disabled: true",
              "storage:", "  filesystem:", f"    rootdirectory: {root}", "  delete:",
              "    enabled: true", "http:", f"  addr: 127.0.0.1:{port}"]
+    if tls is not None:
+        lines += ["  tls:", f"    certificate: {tls[0]}", f"    key: {tls[1]}"]
     if auth is not None:
         htpasswd = folder / "htpasswd"
         subprocess.run([HTPASSWD, "-Bbc", str(htpasswd), auth[0], auth[1]], check=True,
@@ -82,7 +86,9 @@ def start(folder: Path, *, auth: tuple[str, str] | None = None,
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"docker-registry exited: {(folder / 'registry.log').read_text()}")
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+        conn = http.client.HTTPSConnection(
+            "127.0.0.1", port, timeout=1, context=ssl._create_unverified_context()) \
+            if tls is not None else http.client.HTTPConnection("127.0.0.1", port, timeout=1)
         try:
             conn.request("GET", "/v2/")
             status = conn.getresponse().status

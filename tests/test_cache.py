@@ -251,7 +251,9 @@ def test_retries_then_clear_errors(flaky: tuple[type[Flaky], CacheRef]) -> None:
     handler.fail = 2
     with Registry(ref, sleep=waits.append) as reg:
         reg.ping()  # two 503s, then the answer
-    assert handler.seen == 3 and waits == [0.5, 1.0]
+    # jittered backoff: each wait within [ceiling / 2, ceiling], the ceiling doubling
+    assert handler.seen == 3 and len(waits) == 2
+    assert 0.25 <= waits[0] <= 0.5 and 0.5 <= waits[1] <= 1.0, waits
     handler.seen, handler.fail = 0, 99
     with Registry(ref, sleep=waits.append) as reg, \
             pytest.raises(RegistryError, match=r"HTTP 503.*after 4 attempts") as info:

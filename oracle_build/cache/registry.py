@@ -20,6 +20,7 @@ content-addressed) and then RegistryError.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import http.client
 import io
@@ -27,7 +28,6 @@ import json
 import os
 import re
 import socket
-import ssl
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar, cast
 
+from oracle_build.cache import transport
 from oracle_build.cache.ref import CacheRef
 from oracle_build.contracts.cache import DIGEST, MAX_DOCUMENT_BYTES, OCI_INDEX, OCI_MANIFEST
 from oracle_build.core.env import tool_variable
@@ -45,6 +46,7 @@ from oracle_build.core.errors import (
     RegistryError,
     as_data,
 )
+from oracle_build.core.log import say
 
 CHUNK = 1 << 20
 RETRIES = 4
@@ -181,11 +183,23 @@ def credentials_for(ref: CacheRef, env: dict[str, str] | None = None) -> Credent
         data = json.loads(config.read_text()) if config.is_file() else {}
     except (OSError, ValueError):
         return Credentials(source=f"{config} (unreadable: ignored)")
-    auths = data.get("auths") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return Credentials()
+    keys = (ref.netloc, f"https://{ref.netloc}", f"http://{ref.netloc}", f"{ref.host}:{ref.port}")
+    # as docker reads it: the host's credential helper, else the store, else `auths`
+    helpers = data.get("credHelpers")
+    helper = next((helpers[k] for k in keys if isinstance(helpers.get(k), str)), None) \
+        if isinstance(helpers, dict) else None
+    store = data.get("credsStore") if isinstance(data.get("credsStore"), str) else None
+    for name, why in ((helper, "credHelpers"), (store, "credsStore")):
+        if name:
+            found = from_helper(name, ref.netloc, config, why, env)
+            if found is not None:
+                return found
+    auths = data.get("auths")
     if not isinstance(auths, dict):
         return Credentials()
-    for key in (ref.netloc, f"https://{ref.netloc}", f"http://{ref.netloc}",
-                f"{ref.host}:{ref.port}"):
+    for key in keys:
         entry = auths.get(key)
         if isinstance(entry, dict) and isinstance(entry.get("auth"), str):
             try:
@@ -196,6 +210,55 @@ def credentials_for(ref: CacheRef, env: dict[str, str] | None = None) -> Credent
                 return Credentials(token=str(entry["identitytoken"]), source=str(config))
             return Credentials(user, password, source=f"{config} ({key})")
     return Credentials()
+
+
+HELPER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+HELPER_TIMEOUT = 30.0
+
+
+def from_helper(name: str, server: str, config: Path, why: str,
+                env: dict[str, str]) -> Credentials | None:
+    """The Docker credential helper protocol: ``docker-credential-NAME get``, the server on
+    stdin, ``{"Username", "Secret"}`` on stdout (Username ``<token>``: an identity token).
+    None when the helper holds nothing for this server (docker then goes on anonymously);
+    a helper that is missing, fails, or answers otherwise is RegistryAuth, naming it."""
+    import shutil
+    import subprocess
+
+    if not HELPER_NAME.fullmatch(name):
+        raise RegistryAuth(f"{config}: {why} names {name!r}, not a credential helper name")
+    program = f"docker-credential-{name}"
+    path = shutil.which(program, path=env.get("PATH", os.environ.get("PATH", "")))
+    if path is None:
+        raise RegistryAuth(f"{config}: {why} names the credential helper {program}, which is "
+                           "not on PATH", hint=f"install {program}, or remove {why} from "
+                           f"{config} (or set ORACLE_BUILD_CACHE_USERNAME/_PASSWORD)")
+    try:
+        done = subprocess.run([path, "get"], input=server, capture_output=True, text=True,
+                              timeout=HELPER_TIMEOUT, env={**os.environ, **env})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RegistryAuth(f"{program} get (for {server}, from {why} in {config}) did not "
+                           f"run: {type(exc).__name__}: {as_data(str(exc), 200)}") from None
+    said = (done.stdout + done.stderr).strip()
+    if done.returncode != 0:
+        if "credentials not found" in said.lower():
+            return None
+        raise RegistryAuth(f"{program} get (for {server}, from {why} in {config}) failed, exit "
+                           f"{done.returncode}: {as_data(done.stderr.strip(), 300)}",
+                           hint=f"`echo {server} | {program} get` shows what it says; "
+                           "`docker login` the registry again")
+    try:
+        answer = json.loads(done.stdout)
+        user, secret = answer["Username"], answer["Secret"]
+        if not isinstance(user, str) or not isinstance(secret, str):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        raise RegistryAuth(f"{program} get (for {server}) answered something other than the "
+                           "helper protocol's JSON (Username, Secret)") from None
+    source = f"{program} ({why} in {config})"
+    if user == "<token>":
+        return Credentials(token=secret, source=source)
+    return Credentials(user, secret, source=source)
 
 
 CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
@@ -221,6 +284,10 @@ class Registry:
     sleep: Callable[[float], None] = time.sleep
     _auth: str | None = None
     _conn: http.client.HTTPConnection | None = None
+    proxy: transport.Proxy | None = None  # the proxy of the last connection, if any
+    # (digest, from byte, status) of every resumed blob download: 206, or 200 where the
+    # registry ignored the Range and its first bytes were read past
+    resumed: list[tuple[str, int, int]] = field(default_factory=list)
 
     # ------------------------------------------------------------------ transport
 
@@ -229,13 +296,8 @@ class Registry:
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
-            if self.ref.scheme == "https":
-                self._conn = http.client.HTTPSConnection(
-                    self.ref.host.strip("[]"), self.ref.port, timeout=TIMEOUT,
-                    context=ssl.create_default_context(), blocksize=CHUNK)
-            else:
-                self._conn = http.client.HTTPConnection(
-                    self.ref.host.strip("[]"), self.ref.port, timeout=TIMEOUT, blocksize=CHUNK)
+            self._conn, self.proxy = transport.connect(self.ref.scheme, self.ref.host,
+                                                       self.ref.port, timeout=TIMEOUT)
         return self._conn
 
     def close(self) -> None:
@@ -270,7 +332,6 @@ class Registry:
         on a 401 challenge. ``body``: bytes, or a callable opening a fresh stream (a retry
         sends it again from the start). The response body is left open for streaming."""
         what = what or f"{method} {path}"
-        delay = 0.5
         authenticated = False
         attempt = 0
         while True:
@@ -282,14 +343,20 @@ class Registry:
             try:
                 resp = self._send(method, path, sent, stream)
             except BROKEN as exc:
+                if transport.tls_failure(exc):  # a certificate does not get better retried
+                    raise RegistryError(f"{self.ref}: {what}: "
+                                        f"{transport.tls_message(exc, self.ref.netloc)}",
+                                        hint=transport.TLS_HINT) from None
                 if attempt >= RETRIES:
                     raise RegistryError(f"{self.ref}: {what}: {type(exc).__name__}: "
                                         f"{as_data(str(exc), 300)} "
-                                        f"(after {attempt} attempts)",
+                                        f"(after {attempt} attempts)"
+                                        + (f" through proxy {self.proxy}" if self.proxy
+                                           else ""),
                                         hint="is the registry up and reachable from here?"
-                                        ) from None
-                self.sleep(delay)
-                delay *= 2
+                                        + (" (and the proxy: HTTPS_PROXY / NO_PROXY)"
+                                           if self.proxy else "")) from None
+                self.sleep(transport.backoff(attempt))
                 continue
             finally:
                 if callable(body) and stream is not None and hasattr(stream, "close"):
@@ -311,8 +378,8 @@ class Registry:
                     hint="set ORACLE_BUILD_CACHE_USERNAME and ORACLE_BUILD_CACHE_PASSWORD (or "
                     "ORACLE_BUILD_CACHE_TOKEN), or `docker login` the registry")
             if resp.status in RETRY_STATUS and attempt < RETRIES:
-                self.sleep(delay)
-                delay *= 2
+                self.sleep(transport.backoff(
+                    attempt, asked=transport.retry_after(resp.header("retry-after"))))
                 continue
             if resp.status == 404:
                 raise NotCached(f"{self.ref}: {what}: not found (HTTP 404)")
@@ -369,20 +436,17 @@ class Registry:
                                                           ("scope", scope)) if v})
         host = realm.hostname or ""
         port = url_port(realm, f"{self.ref}: token service {params['realm']!r}")
-        conn_cls = http.client.HTTPSConnection if realm.scheme == "https" else \
-            http.client.HTTPConnection
-        conn = conn_cls(host, port, timeout=TIMEOUT)
         headers = {}
         loopback = CacheRef(realm.scheme, host, port, "x").loopback
         if self.credentials.basic and (realm.scheme == "https" or loopback):
             headers["Authorization"] = self.credentials.basic
+        where = f"token service {as_data(params['realm'], 200)}"
+        resp, conn = self._side_get(realm.scheme, host, port,
+                                    f"{realm.path or '/'}?{query}", headers, where)
         try:
-            conn.request("GET", f"{realm.path or '/'}?{query}", headers=headers)
-            resp = conn.getresponse()
-            data = read_document(resp, f"token service {as_data(params['realm'], 200)}")
+            data = read_document(resp, where)
         except BROKEN as exc:
-            raise RegistryError(f"token service {as_data(params['realm'], 200)}: "
-                                f"{as_data(str(exc), 300)}") from None
+            raise RegistryError(f"{where}: {as_data(str(exc), 300)}") from None
         finally:
             conn.close()
         if resp.status in (401, 403):
@@ -453,44 +517,67 @@ class Registry:
         chunk, before the caller may keep anything (CacheRefused)."""
         if not DIGEST.match(digest):
             raise CacheRefused(f"{digest!r} is not a sha256 digest")
-        try:
-            first = self.request("GET", self._path("blobs", digest),
-                                 ok=(200, 307, 302, 301, 303, 308), what=f"GET blob {digest}")
-        except NotCached:
-            raise CacheRefused(f"{self.ref}: blob {digest} is listed but the registry does "
-                               "not have it: an incomplete artifact") from None
-        resp = self._follow(first, digest)
-        assert resp.body is not None
+        resp = self._open_blob(digest, 0)
         hasher = hashlib.sha256()
         seen = 0
+        breaks = 0  # consecutive breaks without a byte between them
         window_start, window_seen = time.monotonic(), 0
-        # read1: what has arrived, so a slow registry is measured as it drips
-        read = getattr(resp.body, "read1", None) or resp.body.read
-        try:
-            while chunk := read(CHUNK):
-                seen += len(chunk)
-                now = time.monotonic()
-                if now - window_start >= BLOB_WINDOW:
-                    rate = (seen - window_seen) / (now - window_start)
-                    if rate < BLOB_MIN_RATE:
-                        raise RegistryError(
-                            f"{self.ref}: GET blob {digest}: {rate / 1024:.1f} KiB/s over the "
-                            f"last {now - window_start:.0f} s, below the minimum of "
-                            f"{BLOB_MIN_RATE // 1024} KiB/s ({seen} of {size} bytes)",
-                            hint="is the registry (or a proxy before it) healthy?")
-                    window_start, window_seen = now, seen
-                if seen > size:
-                    raise CacheRefused(f"{self.ref}: blob {digest} is longer than the "
-                                       f"{size} bytes its descriptor says")
-                hasher.update(chunk)
-                yield chunk
-            resp.body.read()  # at its end: read() closes the response (read1 never does)
-        except BROKEN as exc:
-            raise RegistryError(f"{self.ref}: GET blob {digest}: {type(exc).__name__}: "
-                                f"{as_data(str(exc), 300)} "
-                                f"after {seen} of {size} bytes") from None
-        finally:
-            resp.body = None
+        while True:
+            assert resp.body is not None
+            # a resumed answer: 206 from the byte asked, or 200 from the start when the
+            # registry ignores ranges (the bytes already verified are then read past)
+            skip = seen if resp.status == 200 else 0
+            # read1: what has arrived, so a slow registry is measured as it drips
+            read = getattr(resp.body, "read1", None) or resp.body.read
+            before = seen
+            try:
+                while chunk := read(CHUNK):
+                    if skip:
+                        dropped = min(skip, len(chunk))
+                        skip -= dropped
+                        chunk = chunk[dropped:]
+                        if not chunk:
+                            continue
+                    seen += len(chunk)
+                    now = time.monotonic()
+                    if now - window_start >= BLOB_WINDOW:
+                        rate = (seen - window_seen) / (now - window_start)
+                        if rate < BLOB_MIN_RATE:
+                            raise RegistryError(
+                                f"{self.ref}: GET blob {digest}: {rate / 1024:.1f} KiB/s over "
+                                f"the last {now - window_start:.0f} s, below the minimum of "
+                                f"{BLOB_MIN_RATE // 1024} KiB/s ({seen} of {size} bytes)",
+                                hint="is the registry (or a proxy before it) healthy?")
+                        window_start, window_seen = now, seen
+                    if seen > size:
+                        raise CacheRefused(f"{self.ref}: blob {digest} is longer than the "
+                                           f"{size} bytes its descriptor says")
+                    hasher.update(chunk)
+                    yield chunk
+                if seen < size:  # the answer ended early: a connection that broke off
+                    raise http.client.IncompleteRead(b"", size - seen)
+                resp.body.read()  # at its end: read() closes the response (read1 never does)
+                if skip:
+                    raise RegistryError(f"{self.ref}: GET blob {digest}: the restarted "
+                                        f"answer ended before the {seen} bytes already had")
+                break
+            except BROKEN as exc:
+                self._drop(resp)
+                self.close()  # that connection is gone: the resume opens a new one
+                breaks = breaks + 1 if seen == before else 1
+                if seen >= size or breaks >= RETRIES:
+                    raise RegistryError(f"{self.ref}: GET blob {digest}: {type(exc).__name__}: "
+                                        f"{as_data(str(exc), 300)} "
+                                        f"after {seen} of {size} bytes") from None
+                say(f"    blob {digest[:19]}: the connection broke after {seen} of {size} "
+                    f"bytes ({type(exc).__name__}); resuming from byte {seen}")
+                self.sleep(transport.backoff(breaks))
+                resp = self._open_blob(digest, seen)
+                self.resumed.append((digest, seen, resp.status))
+            except BaseException:
+                resp.body = None
+                raise
+        resp.body = None
         if seen != size:
             raise CacheRefused(f"{self.ref}: blob {digest}: {seen} bytes, its descriptor says "
                                f"{size}")
@@ -501,10 +588,39 @@ class Registry:
                                hint="the registry's storage is damaged or tampered with; "
                                "nothing from it was kept")
 
-    def _follow(self, resp: Response, digest: str) -> Response:
+    def _open_blob(self, digest: str, offset: int) -> Response:
+        """GET a blob, from byte ``offset`` on (a Range request) when it is not 0; an
+        answer of 206 must start at that byte."""
+        headers = {"Range": f"bytes={offset}-"} if offset else {}
+        try:
+            first = self.request("GET", self._path("blobs", digest), headers=headers,
+                                 ok=(200, 206, 307, 302, 301, 303, 308),
+                                 what=f"GET blob {digest}")
+        except NotCached:
+            raise CacheRefused(f"{self.ref}: blob {digest} is listed but the registry does "
+                               "not have it: an incomplete artifact") from None
+        resp = self._follow(first, digest, headers)
+        if resp.status == 206:
+            span = resp.header("content-range") or ""
+            if not offset or not re.fullmatch(rf"bytes {offset}-[0-9]+/([0-9]+|\*)", span):
+                self._drop(resp)
+                raise RegistryError(f"{self.ref}: GET blob {digest}: a partial answer "
+                                    f"({as_data(span, 100) or 'no Content-Range'}) to a "
+                                    f"request from byte {offset}")
+        return resp
+
+    @staticmethod
+    def _drop(resp: Response) -> None:
+        if resp.body is not None:
+            with contextlib.suppress(*BROKEN):
+                resp.body.close()
+            resp.body = None
+
+    def _follow(self, resp: Response, digest: str,
+                extra: dict[str, str] | None = None) -> Response:
         """A blob served from elsewhere (a storage backend): followed once, without our
-        Authorization header when the host differs."""
-        if resp.status == 200:
+        Authorization header when the host differs (``extra``: a Range, sent there too)."""
+        if resp.status in (200, 206):
             return resp
         location = resp.header("location") or ""
         self.drain(resp)
@@ -514,26 +630,51 @@ class Registry:
         if split.scheme == "http" and self.ref.scheme == "https":
             raise RegistryError(f"{self.ref}: blob {digest} redirected from HTTPS to plain "
                                 f"HTTP ({split.netloc}): not followed")
-        conn_cls = http.client.HTTPSConnection if split.scheme == "https" else \
-            http.client.HTTPConnection
-        conn = conn_cls(split.hostname or "", url_port(
-            split, f"{self.ref}: blob {digest} redirected to {location!r}"), timeout=TIMEOUT)
-        headers = {}
+        port = url_port(split, f"{self.ref}: blob {digest} redirected to {location!r}")
+        headers = dict(extra or {})
         if split.netloc == self.ref.netloc and self._auth:
             headers["Authorization"] = self._auth
-        try:
-            conn.request("GET", split.path + (f"?{split.query}" if split.query else ""),
-                         headers=headers)
-            raw = conn.getresponse()
-        except BROKEN as exc:
+        raw, conn = self._side_get(split.scheme, split.hostname or "", port,
+                                   split.path + (f"?{split.query}" if split.query else ""),
+                                   headers, f"{self.ref}: blob {digest} at "
+                                   f"{as_data(split.netloc, 200)}")
+        if raw.status not in (200, 206):
             conn.close()
             raise RegistryError(f"{self.ref}: blob {digest} at {as_data(split.netloc, 200)}: "
-                                f"{as_data(str(exc), 300)}") from None
-        if raw.status != 200:
-            conn.close()
-            raise RegistryError(f"{self.ref}: blob {digest} at {as_data(split.netloc, 200)}: "
-                                f"HTTP {raw.status}")
-        return Response(200, {k.lower(): v for k, v in raw.getheaders()}, raw)
+                                f"HTTP {raw.status}", status=raw.status)
+        return Response(raw.status, {k.lower(): v for k, v in raw.getheaders()}, raw)
+
+    def _side_get(self, scheme: str, host: str, port: int, path: str,
+                  headers: dict[str, str], where: str
+                  ) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
+        """A GET on a connection of its own (a token service, a blob's storage), retried
+        as the registry's own requests are: a broken connection, 429 and 5xx (Retry-After
+        honoured), never a TLS failure. The response is open; the caller closes ``conn``."""
+        attempt = 0
+        while True:
+            attempt += 1
+            conn, proxy = transport.connect(scheme, host, port, timeout=TIMEOUT)
+            try:
+                conn.request("GET", path, headers=headers)
+                raw = conn.getresponse()
+            except BROKEN as exc:
+                conn.close()
+                if transport.tls_failure(exc):
+                    raise RegistryError(f"{where}: {transport.tls_message(exc, host)}",
+                                        hint=transport.TLS_HINT) from None
+                if attempt >= RETRIES:
+                    raise RegistryError(f"{where}: {type(exc).__name__}: "
+                                        f"{as_data(str(exc), 300)} (after {attempt} attempts)"
+                                        + (f" through proxy {proxy}" if proxy else "")
+                                        ) from None
+                self.sleep(transport.backoff(attempt))
+                continue
+            if raw.status in RETRY_STATUS and attempt < RETRIES:
+                asked = transport.retry_after(raw.getheader("retry-after"))
+                conn.close()
+                self.sleep(transport.backoff(attempt, asked=asked))
+                continue
+            return raw, conn
 
     @_as_registry_error
     def blob_bytes(self, digest: str, size: int) -> bytes:

@@ -1,0 +1,173 @@
+"""How a connection to a registry is made and when a failed request is tried again.
+
+- **TLS**: the system trust store (OpenSSL's default paths: a company CA installed on the
+  host is trusted without configuration), ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` honoured.
+  A certificate failure is not a broken connection: it is never retried, and says the
+  host, what failed and how to trust the CA (``tls_failure``).
+- **Proxies**: ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``NO_PROXY`` and their lower-case forms,
+  read as pip, uv and docker read them (a proxy by the registry's scheme, ``NO_PROXY`` a
+  list of hosts, domains and ``*``). The connection is a tunnel through the proxy (HTTP
+  CONNECT), so the registry's credentials, like every byte, pass inside it: the proxy sees
+  the host and port, never an Authorization header. A proxy's own user and password (in
+  its URL) go to the proxy alone, as Proxy-Authorization on the CONNECT.
+- **Retries**: jittered exponential backoff, a registry's ``Retry-After`` (seconds or an
+  HTTP date) honoured up to ``MAX_RETRY_AFTER``.
+"""
+
+from __future__ import annotations
+
+import base64
+import email.utils
+import http.client
+import os
+import random
+import ssl
+import time
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+TIMEOUT = 60.0
+CHUNK = 1 << 20
+MAX_RETRY_AFTER = 30.0  # a registry asking for longer is waited for this long, then asked
+
+
+@dataclass(frozen=True)
+class Proxy:
+    host: str
+    port: int
+    authorization: str | None  # Proxy-Authorization for the CONNECT, from the proxy's URL
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"  # never its user and password
+
+
+def proxy_for(scheme: str, host: str, environ: Mapping[str, str] | None = None
+              ) -> Proxy | None:
+    """The proxy a connection to ``host`` over ``scheme`` goes through, or None."""
+    env = os.environ if environ is None else environ
+
+    def variable(name: str) -> str:  # the lower-case form first, as curl and urllib
+        return env.get(name) or env.get(name.upper()) or ""
+
+    url = variable(f"{scheme}_proxy")
+    if not url:
+        return None
+    no_proxy = variable("no_proxy")
+    if no_proxy and bypassed(host, no_proxy):
+        return None
+    if "://" not in url:
+        url = "http://" + url
+    split = urllib.parse.urlsplit(url)
+    if not split.hostname:
+        return None
+    try:
+        port = split.port or (443 if split.scheme == "https" else 80)
+    except ValueError:
+        return None
+    auth = None
+    if split.username is not None:
+        user = urllib.parse.unquote(split.username)
+        password = urllib.parse.unquote(split.password or "")
+        auth = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+    return Proxy(split.hostname, port, auth)
+
+
+def bypassed(host: str, no_proxy: str) -> bool:
+    """NO_PROXY as curl reads it: ``*``; a host; a domain (``.example.com`` or
+    ``example.com``, its subdomains included); a host:port entry matches the host."""
+    host = host.strip("[]").lower()
+    for entry in (e.strip().lower() for e in no_proxy.split(",")):
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        name = entry.strip("[]")
+        if ":" in name and name.count(":") == 1:
+            name = name.split(":", 1)[0]
+        name = name.lstrip(".")
+        if host == name or host.endswith("." + name):
+            return True
+    return False
+
+
+def tls_context() -> ssl.SSLContext:
+    """The system trust store, and SSL_CERT_FILE / SSL_CERT_DIR when set (OpenSSL's own
+    variables: read again for every connection)."""
+    context = ssl.create_default_context()
+    cafile = os.environ.get("SSL_CERT_FILE")
+    capath = os.environ.get("SSL_CERT_DIR")
+    if cafile or capath:
+        context.load_verify_locations(cafile=cafile or None, capath=capath or None)
+    return context
+
+
+def connect(scheme: str, host: str, port: int, *, timeout: float = TIMEOUT,
+            blocksize: int = CHUNK) -> tuple[http.client.HTTPConnection, Proxy | None]:
+    """A connection to ``host:port`` (not yet open), through the environment's proxy for
+    ``scheme`` when there is one."""
+    host = host.strip("[]")
+    proxy = proxy_for(scheme, host)
+    conn: http.client.HTTPConnection
+    if proxy is None:
+        if scheme == "https":
+            conn = http.client.HTTPSConnection(host, port, timeout=timeout,
+                                               context=tls_context(), blocksize=blocksize)
+        else:
+            conn = http.client.HTTPConnection(host, port, timeout=timeout, blocksize=blocksize)
+        return conn, None
+    if scheme == "https":
+        conn = http.client.HTTPSConnection(proxy.host, proxy.port, timeout=timeout,
+                                           context=tls_context(), blocksize=blocksize)
+    else:
+        conn = http.client.HTTPConnection(proxy.host, proxy.port, timeout=timeout,
+                                          blocksize=blocksize)
+    conn.set_tunnel(host, port, headers={"Proxy-Authorization": proxy.authorization}
+                    if proxy.authorization else None)
+    return conn, proxy
+
+
+def tls_failure(exc: BaseException) -> bool:
+    """A TLS failure (a certificate that does not verify, a handshake refused): retrying
+    cannot help."""
+    return isinstance(exc, ssl.SSLError | ssl.CertificateError)
+
+
+def tls_message(exc: BaseException, host: str) -> str:
+    reason = getattr(exc, "verify_message", None) or getattr(exc, "reason", None) or str(exc)
+    return f"TLS to {host} failed: {reason}"
+
+
+TLS_HINT = ("if the registry's certificate comes from your own CA, install the CA in the "
+            "system trust store (update-ca-certificates) or set SSL_CERT_FILE to a PEM "
+            "bundle holding it")
+
+
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """A Retry-After header's wait in seconds (a number, or an HTTP date), bounded; None
+    when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return min(float(value), MAX_RETRY_AFTER)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    wait = when.timestamp() - (time.time() if now is None else now)
+    return min(max(wait, 0.0), MAX_RETRY_AFTER)
+
+
+def backoff(attempt: int, *, base: float = 0.5, cap: float = 8.0,
+            asked: float | None = None, rng: random.Random | None = None) -> float:
+    """The wait before attempt ``attempt + 1``: what the registry asked (Retry-After), else
+    full jitter over base * 2^(attempt-1), capped (many hosts retrying one registry at once
+    then spread out instead of arriving together)."""
+    if asked is not None:
+        return asked
+    ceiling = min(cap, base * 2 ** max(attempt - 1, 0))
+    return (rng or random).uniform(ceiling / 2, ceiling)
+
