@@ -122,6 +122,12 @@ def pull(session: nox.Session) -> None:
     _cli(session, "pull")
 
 
+@nox.session(python=PYTHON, name="list")
+def list_cache(session: nox.Session) -> None:
+    """Every oracle the cache holds, and which agree (`-- --cache REF [--json]`)."""
+    _cli(session, "list")
+
+
 @nox.session(python=PYTHON)
 def keygen(session: nox.Session) -> None:
     """Make an Ed25519 key pair for signing pushes (`-- NAME-1 --out DIR`)."""

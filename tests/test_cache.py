@@ -318,14 +318,16 @@ def _manifest(p: Pushed) -> dict[str, object]:
 
 
 def _publish(p: Pushed, manifest: dict[str, object], *, tag: str, key_file: Path | None,
-             statement_edit: dict[str, object] | None = None) -> str:
+             statement_edit: dict[str, object] | None = None,
+             numerics: str | None = None) -> str:
     """Write a (tampered) manifest under ``tag``, signed like a push would sign it."""
     reg = _registry(p)
     data = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
     digest = reg.put_manifest("sha256:" + hashlib.sha256(data).hexdigest(), data)
     if key_file is not None:
         record = load_record(p.oracle.venv / "oracle-build" / "build-record.json")
-        stmt = cache.statement(p.oracle.pin, "cpu", record, digest, tag, parse(p.ref), None)
+        stmt = cache.statement(p.oracle.pin, "cpu", record, digest, tag, parse(p.ref),
+                               numerics)
         for k, v in (statement_edit or {}).items():
             stmt["predicate"]["buildDefinition"]["externalParameters"][k] = v  # type: ignore[index]
         cache.attest(reg, load_signing_key(key_file), stmt, digest, len(data))
@@ -796,6 +798,65 @@ class Forging(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+@slow
+def test_list_shows_every_oracle_and_which_agree(pushed: Pushed,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`list` over a real registry holding the pushed CPU oracle and three more pins'
+    oracles beside it (the same wheels, each with its own config; two signed with one
+    numerics fingerprint, one unsigned): every oracle with its pin, target, host, signer and
+    fingerprints, and which agree (issue 32 item 6). Slow: needs the pushed oracle."""
+    manifest = _manifest(pushed)
+    reg = _registry(pushed)
+    cfg = manifest["config"]
+    assert isinstance(cfg, dict)
+    config = json.loads(reg.blob_bytes(cfg["digest"], cfg["size"]))
+    numerics = "ef" * 32
+    published = {}
+    for pin_id, pin_hash, key_file in (("cpu-next", "ab" * 32, pushed.key_file),
+                                       ("cpu-next2", "cd" * 32, pushed.key_file),
+                                       ("cpu-unsigned", "12" * 32, None)):
+        data = json.dumps({**config, "pin_id": pin_id, "pin_hash": pin_hash}).encode()
+        digest, size = reg.push_blob_bytes(data)
+        tag = tag_for(pin_hash, "cpu")
+        _publish(pushed, {**manifest, "config": {**cfg, "digest": digest, "size": size}},
+                 tag=tag, key_file=key_file, numerics=numerics,
+                 statement_edit={"pin_hash": pin_hash, "pin_id": pin_id})
+        published[pin_id] = tag
+    try:
+        assert main(["list", "--cache", pushed.ref, "--trusted-keys", str(pushed.trusted),
+                     "--json"]) == 0
+        listing = json.loads(capsys.readouterr().out)
+        by_pin = {e["pin_id"]: e for e in listing["oracles"]}
+        assert set(by_pin) == {"cpu", "cpu-next", "cpu-next2", "cpu-unsigned"}
+        record = load_record(pushed.oracle.venv / "oracle-build" / "build-record.json")
+        first = by_pin["cpu"]
+        assert (first["tag"], first["digest"]) == (pushed.tag, pushed.digest)
+        assert first["signed_by"] == "ci-builder-1" and first["signature"] == "trusted"
+        assert first["content_fingerprint"] == record.content_fingerprint
+        assert first["vllm"] == "0.32.0" and first["target"] == "cpu"
+        assert first["device"].startswith("cpu") and "x86_64" in first["device"]
+        assert by_pin["cpu-next"]["numerics_fingerprint"] == numerics
+        assert by_pin["cpu-unsigned"]["signature"] == "unsigned"
+        assert all(not e["problems"] for e in listing["oracles"]), listing
+        assert main(["list", "--cache", pushed.ref, "--trusted-keys", str(pushed.trusted)]) == 0
+        text = capsys.readouterr().out
+        assert f"{pushed.ref}: 4 oracle(s)" in text
+        (agree,) = [ln for ln in text.splitlines() if ln.startswith(f"  {numerics[:16]}:")]
+        assert "cpu-next/cpu" in agree and "cpu-next2/cpu" in agree and agree.endswith("agree")
+        assert "cpu-unsigned" not in agree
+        # a key not trusted here: listed, its keyid shown, never "trusted"
+        assert main(["list", "--cache", pushed.ref, "--trusted-keys",
+                     str(REPO / "pins" / "trusted-keys"), "--json"]) == 0
+        stranger = json.loads(capsys.readouterr().out)
+        assert {e["signature"] for e in stranger["oracles"]} == {
+            "untrusted (ci-builder-1)", "unsigned"}
+    finally:
+        for tag in published.values():
+            data, digest = reg.get_manifest(tag)
+            reg.request("DELETE", f"/v2/{parse(pushed.ref).repository}/manifests/{digest}",
+                        ok=(202,))
 
 
 def test_a_registrys_words_are_printed_as_data(tmp_path: Path,

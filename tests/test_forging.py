@@ -263,6 +263,8 @@ class Hostile(http.server.BaseHTTPRequestHandler):
             return "ping"
         if self.path.endswith(".att"):
             return "attestation"
+        if "/tags/list" in self.path:
+            return "tags"
         if "/referrers/" in self.path:
             return "referrers"
         if "/blobs/" in self.path:
@@ -361,6 +363,9 @@ def test_no_registry_answer_prints_a_verdict(tmp_path: Path, monkeypatch: pytest
     cases.append(("text body", {"ping": ok, "manifest": (500, {"Content-Type": "text/plain"},
                                                          PAYLOAD.encode())}))
     assert len(cases) > 40
+    tags = json_answer({"name": "a/b", "tags": ["pin-0123456789abcdef.cpu", PAYLOAD,
+                                                "pin-0123456789abcdef." + PAYLOAD]})
+    listed = 0
     with hostile_registry() as (handler, ref):
         for n, (what, answers) in enumerate(cases):
             handler.answers = answers
@@ -369,6 +374,14 @@ def test_no_registry_answer_prints_a_verdict(tmp_path: Path, monkeypatch: pytest
                                 str(tmp_path / f"h{n}"), *extra)
                 assert code in (15, 16, 17, 18), (what, extra, code, out[-1500:])
                 assert_unforged(out, set(), what)
+            # `list` reads the same answers (and a tag list) for every oracle tag
+            handler.answers = {"tags": tags, **answers}
+            for extra in ([], ["--json"]):
+                code, out = run(capsys, "list", "--cache", ref, *extra)
+                assert code in (0, 15, 16), (what, "list", code, out[-1500:])
+                assert_unforged(out, set(), f"list: {what}")
+                listed += code == 0
+    assert listed > 40  # most answers are listed as a problem of that oracle, not fatal
 
 
 # --------------------------------------------------------------------- one writer each

@@ -43,7 +43,7 @@ from oracle_build.core.errors import (
 from oracle_build.core.log import fmt_seconds, say
 
 
-def _model(model: type[Any], data: bytes, where: str) -> Any:
+def validated(model: type[Any], data: bytes, where: str) -> Any:
     try:
         return model.model_validate_json(data)
     except ValidationError as exc:
@@ -52,10 +52,9 @@ def _model(model: type[Any], data: bytes, where: str) -> Any:
         raise CacheRefused(f"{where} is not what an oracle cache holds: {problems}") from None
 
 
-def _provenance(reg: Registry, opts: CacheOptions, pin: Pin, target_name: str,
-                digest: str) -> tuple[str | None, Statement | None]:
-    """The signed statement for ``digest``: (key name, statement), or (None, None) when the
-    artifact is unsigned and that is allowed."""
+def find_envelope(reg: Registry, where: str, digest: str) -> Envelope | None:
+    """The DSSE envelope signed for the manifest ``digest`` (through the referrers API, else
+    the attestation tag beside it), validated; None when there is none."""
     candidates = []
     listed = reg.referrers(digest)
     if listed is not None:
@@ -68,9 +67,32 @@ def _provenance(reg: Registry, opts: CacheOptions, pin: Pin, target_name: str,
             data, _ = reg.get_manifest(reference)
         except NotCached:
             continue
-        attestation = _model(Manifest, data, f"{opts.ref}:{reference}")
+        attestation = validated(Manifest, data, f"{where}:{reference}")
         break
     if attestation is None:
+        return None
+    if attestation.subject is None or attestation.subject.digest != digest:
+        raise CacheRefused(f"{where}: the provenance beside {digest} is about "
+                           f"{attestation.subject.digest if attestation.subject else 'nothing'}")
+    layers = [d for d in attestation.layers if d.mediaType == DSSE_TYPE]
+    if len(layers) != 1:
+        raise CacheRefused(f"{where}: the provenance of {digest} holds {len(layers)} DSSE "
+                           "envelopes, not one")
+    envelope: Envelope = validated(Envelope, reg.blob_bytes(layers[0].digest, layers[0].size),
+                                f"{where} provenance envelope")
+    if envelope.payloadType != INTOTO_PAYLOAD:
+        raise CacheRefused(f"{where}: the provenance of {digest} is a "
+                           f"{envelope.payloadType} envelope, not an in-toto statement "
+                           f"({INTOTO_PAYLOAD})")
+    return envelope
+
+
+def _provenance(reg: Registry, opts: CacheOptions, pin: Pin, target_name: str,
+                digest: str) -> tuple[str | None, Statement | None]:
+    """The signed statement for ``digest``: (key name, statement), or (None, None) when the
+    artifact is unsigned and that is allowed."""
+    envelope = find_envelope(reg, str(opts.ref), digest)
+    if envelope is None:
         if opts.allow_unsigned:
             say(f"cache: WARNING {opts.ref} holds no provenance for {digest}; taken unsigned "
                 "(--allow-unsigned)")
@@ -78,19 +100,6 @@ def _provenance(reg: Registry, opts: CacheOptions, pin: Pin, target_name: str,
         raise CacheRefused(f"{opts.ref}: the artifact {digest} is unsigned (no provenance "
                            "beside it)", hint="push it with a signing key, or pull with "
                            "--allow-unsigned if you mean it")
-    if attestation.subject is None or attestation.subject.digest != digest:
-        raise CacheRefused(f"{opts.ref}: the provenance beside {digest} is about "
-                           f"{attestation.subject.digest if attestation.subject else 'nothing'}")
-    layers = [d for d in attestation.layers if d.mediaType == DSSE_TYPE]
-    if len(layers) != 1:
-        raise CacheRefused(f"{opts.ref}: the provenance of {digest} holds {len(layers)} DSSE "
-                           "envelopes, not one")
-    envelope = _model(Envelope, reg.blob_bytes(layers[0].digest, layers[0].size),
-                      f"{opts.ref} provenance envelope")
-    if envelope.payloadType != INTOTO_PAYLOAD:
-        raise CacheRefused(f"{opts.ref}: the provenance of {digest} is a "
-                           f"{envelope.payloadType} envelope, not an in-toto statement "
-                           f"({INTOTO_PAYLOAD})")
     trusted_file = opts.trusted_path(pin)
     trusted = load_trusted(trusted_file) if trusted_file.is_file() else {}
     try:
@@ -101,7 +110,7 @@ def _provenance(reg: Registry, opts: CacheOptions, pin: Pin, target_name: str,
         signed_by = None
         payload = base64.b64decode(envelope.payload)
         say(f"cache: WARNING {exc.message}; taken anyway (--allow-untrusted)")
-    stmt: Statement = _model(Statement, payload, f"{opts.ref} provenance statement")
+    stmt: Statement = validated(Statement, payload, f"{opts.ref} provenance statement")
     if not any(s.digest.get("sha256") == digest.split(":")[1] for s in stmt.subject):
         raise CacheRefused(f"{opts.ref}: the signed statement is about "
                            f"{[s.digest for s in stmt.subject]}, not {digest}: replayed")
@@ -230,12 +239,12 @@ def pull(opts: CacheOptions, pin: Pin, target_name: str, *,
     reg = opts.registry(push=False)
     try:
         data, digest = reg.get_manifest(tag)
-        manifest: Manifest = _model(Manifest, data, where)
+        manifest: Manifest = validated(Manifest, data, where)
         if manifest.artifactType != ARTIFACT_TYPE or manifest.config.mediaType != CONFIG_TYPE:
             raise CacheRefused(f"{where} is a {manifest.artifactType or manifest.config.mediaType}"
                                f", not an oracle ({ARTIFACT_TYPE})")
         signed_by, _stmt = _provenance(reg, opts, pin, target_name, digest)
-        config: OracleConfig = _model(OracleConfig, reg.blob_bytes(
+        config: OracleConfig = validated(OracleConfig, reg.blob_bytes(
             manifest.config.digest, manifest.config.size), f"{where} config")
         if (config.pin_hash, config.target, config.pin_id) != (pin.content_hash, target_name,
                                                                 pin.id):

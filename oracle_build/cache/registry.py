@@ -84,6 +84,23 @@ def error_codes(body: str) -> tuple[str, ...]:
                  and isinstance(e.get("code"), str) and re.fullmatch(r"[A-Z_]{1,64}", e["code"]))
 
 
+OCI_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+
+
+def next_page(link: str | None, repository: str) -> str | None:
+    """The next page of a tag list (``Link: </v2/<repo>/tags/list?...>; rel="next"``): a
+    path on this registry, under this repository's tags, or None."""
+    if not link:
+        return None
+    found = re.match(r'\s*<([^>]*)>\s*;\s*rel="?next"?', link)
+    if not found:
+        return None
+    split = urllib.parse.urlsplit(found.group(1))
+    if split.scheme or split.netloc or split.path != f"/v2/{repository}/tags/list":
+        return None
+    return split.path + (f"?{split.query}" if split.query else "")
+
+
 def url_port(url: urllib.parse.SplitResult, what: str) -> int:
     """The port of a URL the registry sent (a token realm, a redirect), or its scheme's
     default: one out of range or not a number is the registry's fault (exit 15), named."""
@@ -554,8 +571,10 @@ class Registry:
                                            f"{size} bytes its descriptor says")
                     hasher.update(chunk)
                     yield chunk
-                if seen < size:  # the answer ended early: a connection that broke off
-                    raise http.client.IncompleteRead(b"", size - seen)
+                if seen < size and getattr(resp.body, "length", None):
+                    # short of its own Content-Length: the connection broke off (an answer
+                    # whole by its length but short of the descriptor is refused below)
+                    raise http.client.IncompleteRead(b"", resp.body.length)
                 resp.body.read()  # at its end: read() closes the response (read1 never does)
                 if skip:
                     raise RegistryError(f"{self.ref}: GET blob {digest}: the restarted "
@@ -728,6 +747,32 @@ class Registry:
                             what=f"PUT manifest {reference}")
         self.drain(resp)
         return "sha256:" + hashlib.sha256(data).hexdigest()
+
+    @_as_registry_error
+    def list_tags(self, *, pages: int = 50, page_size: int = 1000) -> list[str]:
+        """Every tag of the repository (the tags API, its Link pages followed on this
+        registry only, at most ``pages`` of them); [] for a repository it does not know."""
+        tags: list[str] = []
+        path: str | None = f"/v2/{self.ref.repository}/tags/list?n={page_size}"
+        for _ in range(pages):
+            if path is None:
+                break
+            try:
+                resp = self.request("GET", path, what="GET tags")
+            except NotCached:
+                return tags
+            assert resp.body is not None
+            data = read_document(resp.body, f"{self.ref}: GET tags")
+            self.drain(resp)
+            try:
+                listed = json.loads(data).get("tags") or []
+            except (ValueError, AttributeError):
+                raise RegistryError(f"{self.ref}: GET tags: not a tag list") from None
+            if not isinstance(listed, list):
+                raise RegistryError(f"{self.ref}: GET tags: not a tag list")
+            tags += [t for t in listed if isinstance(t, str) and OCI_TAG.fullmatch(t)]
+            path = next_page(resp.header("link"), self.ref.repository)
+        return tags
 
     @_as_registry_error
     def referrers(self, digest: str) -> list[dict[str, Any]] | None:

@@ -15,6 +15,7 @@ from oracle_build.commands import (
     externals,
     identity,
     keygen,
+    listing,
     lock,
     numerics,
     pull,
@@ -25,6 +26,6 @@ from oracle_build.commands import (
 )
 
 # in the order `--help` lists them
-COMMANDS: tuple[ModuleType, ...] = (build, identity, push, pull, keygen, lock, externals,
-                                    capture, verify, numerics, diff, analyze, compare, vllmcpp,
-                                    explain, schema)
+COMMANDS: tuple[ModuleType, ...] = (build, identity, push, pull, listing, keygen, lock,
+                                    externals, capture, verify, numerics, diff, analyze,
+                                    compare, vllmcpp, explain, schema)
