@@ -12,7 +12,7 @@ from typing import IO, Any
 from pydantic import ValidationError
 
 from oracle_build.build.wheelhouse import Wheelhouse
-from oracle_build.cache.artifact import canonical_json
+from oracle_build.cache.artifact import canonical_json, document
 from oracle_build.cache.options import CacheOptions, PushResult
 from oracle_build.cache.ref import CacheRef, attestation_tag, tag_for
 from oracle_build.cache.registry import Registry
@@ -30,7 +30,9 @@ from oracle_build.contracts.cache import (
     SLSA_PROVENANCE,
     STATEMENT_TYPE,
     WHEEL_TYPE,
+    Manifest,
     OracleConfig,
+    Statement,
 )
 from oracle_build.contracts.pins import GitSource, Pin
 from oracle_build.contracts.record import BuildRecord, NumericsRecord, load_record
@@ -164,7 +166,7 @@ def attest(reg: Registry, key: SigningKey, stmt: dict[str, Any], digest: str,
            size: int) -> str:
     """Sign ``stmt`` and store it beside the manifest ``digest`` (its subject), under the
     fallback tag a registry without the referrers API is read by. Returns that tag."""
-    envelope = key.sign(canonical_json(stmt))
+    envelope = key.sign(document(Statement, stmt))
     env_digest, env_size = reg.push_blob_bytes(canonical_json(envelope.model_dump(mode="json")))
     empty_digest, empty_size = reg.push_blob_bytes(b"{}")
     attestation = {
@@ -176,7 +178,7 @@ def attest(reg: Registry, key: SigningKey, stmt: dict[str, Any], digest: str,
                         "dev.oracle-build.signed-by": key.name},
     }
     tag = attestation_tag(digest)
-    reg.put_manifest(tag, canonical_json(attestation))
+    reg.put_manifest(tag, document(Manifest, attestation))
     return tag
 
 
@@ -256,7 +258,7 @@ def push(opts: CacheOptions, pin: Pin, target_name: str, *, home: Path,
                                         ANNOTATION_ORIGIN: b.origin}} for b in blobs],
             "annotations": annotations,
         }
-        data = canonical_json(manifest)
+        data = document(Manifest, manifest)
         digest = _put_manifest_complete(reg, data, blobs)
         signed_by = None
         if opts.signing_key is not None:

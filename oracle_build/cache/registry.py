@@ -9,12 +9,16 @@ Auth: anonymous first; on 401 the registry's challenge decides: HTTP basic (htpa
 registries) or a bearer token from its token service (the registry token flow, with basic
 credentials to the token service when there are any). Credentials come from the
 environment (ORACLE_BUILD_CACHE_USERNAME / _PASSWORD, or ORACLE_BUILD_CACHE_TOKEN) or the
-Docker config file (``$DOCKER_CONFIG/config.json``, else ``~/.docker/config.json``, its
+Docker config file (``$DOCKER_CONFIG/config.json``, else ``~/.docker/config.json``: the
+host's ``credHelpers``, else ``credsStore``, run as Docker credential helpers, else
 ``auths``); they are never sent over plain HTTP to a host that is not loopback.
 
 Errors: 401/403 -> RegistryAuth, a missing manifest -> NotCached (the caller decides), 5xx,
 429 and broken connections are retried (every request here is safe to repeat: uploads are
-content-addressed) and then RegistryError.
+content-addressed; Retry-After honoured, the backoff jittered) and then RegistryError, which
+carries the HTTP status and the OCI error codes. A TLS failure is never retried. A blob
+download that breaks resumes with a Range request from its last verified byte. How a
+connection is made (the trust store, proxies) is ``transport.py``'s.
 """
 
 from __future__ import annotations
