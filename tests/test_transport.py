@@ -308,9 +308,13 @@ def test_tls_from_a_company_ca(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 class ConnectProxy:
-    """A forward proxy on 127.0.0.1 that speaks CONNECT and records what it was sent."""
+    """A forward proxy on 127.0.0.1 that speaks CONNECT and records what it was sent.
+    ``cut_after``: the first tunnel to carry more than this many bytes towards the client
+    is cut there (once), as a proxy dropping a long download does."""
 
-    def __init__(self) -> None:
+    def __init__(self, cut_after: int | None = None) -> None:
+        self.cut_after = cut_after
+        self.cuts = 0
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(8)
@@ -341,6 +345,7 @@ class ConnectProxy:
         upstream = socket.create_connection((host, int(port)))
         client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
         pair = {client: upstream, upstream: client}
+        down = 0
         try:
             while True:
                 ready, _, _ = select.select(list(pair), [], [], 30)
@@ -351,6 +356,13 @@ class ConnectProxy:
                     if not data:
                         raise OSError
                     self.tunnelled += len(data)
+                    if s is upstream:
+                        down += len(data)
+                        if self.cut_after is not None and not self.cuts and \
+                                down > self.cut_after:
+                            self.cuts += 1
+                            client.sendall(data[:len(data) - (down - self.cut_after)])
+                            raise OSError  # the tunnel cut mid-answer
                     pair[s].sendall(data)
         except OSError:
             pass
@@ -417,6 +429,33 @@ def test_a_pull_goes_through_the_proxy_and_its_credentials_do_not(
         assert len(proxy.requests) == through
     finally:
         proxy.close()
+
+
+def test_a_download_the_proxy_cuts_resumes_from_the_registry(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Debian's docker-registry behind the test's proxy, which cuts the tunnel after 1.5 MiB
+    of a 3 MiB blob: the download resumes with a Range request through the proxy, and the
+    registry answers 206 from that byte (issue 32 item 5)."""
+    server = regmod.start(tmp_path / "reg")
+    proxy = ConnectProxy(cut_after=3 << 19)
+    try:
+        for var in ("NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy"):
+            monkeypatch.delenv(var, raising=False)
+        ref = parse(server.ref("t/cut"))
+        with Registry(ref) as reg:
+            digest, size = reg.push_blob_bytes(BLOB)
+        monkeypatch.setenv("http_proxy", f"127.0.0.1:{proxy.port}")
+        waits: list[float] = []
+        with Registry(ref, sleep=waits.append) as reg:
+            assert b"".join(reg.stream_blob(digest, size)) == BLOB
+            assert reg.proxy is not None
+            (_d, offset, status), = reg.resumed
+        assert proxy.cuts == 1 and status == 206
+        assert 1 << 20 <= offset <= 3 << 19, offset
+        assert len(proxy.requests) >= 2
+    finally:
+        proxy.close()
+        server.stop()
 
 
 def test_proxy_variables_as_pip_and_curl_read_them() -> None:
