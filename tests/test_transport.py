@@ -340,6 +340,10 @@ class ConnectProxy:
                 return
             head += chunk
         self.requests.append(head)
+        if not head.startswith(b"CONNECT "):  # this proxy tunnels only (the test's point)
+            client.sendall(b"HTTP/1.1 405 CONNECT only\r\nContent-Length: 0\r\n\r\n")
+            client.close()
+            return
         target = head.split(b" ", 2)[1].decode()
         host, port = target.rsplit(":", 1)
         upstream = socket.create_connection((host, int(port)))

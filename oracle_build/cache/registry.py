@@ -1,6 +1,7 @@
 """A small OCI distribution client (the part of the spec an oracle cache needs): blobs by
 digest (exists, upload, streamed download verified while it streams), manifests by tag or
-digest, the referrers API where the registry has one. Standard library only.
+digest, the referrers API where the registry has one. The HTTP is urllib3's, through
+``transport.py``; every check of what arrives is here.
 
 Memory stays bounded whatever the blob size: bodies are streamed in 1 MiB chunks, both
 ways; documents (manifests, configs, envelopes) are refused above MAX_DOCUMENT_BYTES.
@@ -39,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar, cast
 
+import urllib3
+
 from oracle_build.cache import transport
 from oracle_build.cache.ref import CacheRef
 from oracle_build.contracts.cache import DIGEST, MAX_DOCUMENT_BYTES, OCI_INDEX, OCI_MANIFEST
@@ -62,7 +65,8 @@ DOCUMENT_DEADLINE = 60.0
 BLOB_MIN_RATE = 32 * 1024
 BLOB_WINDOW = 60.0
 RETRY_STATUS = {429, 500, 502, 503, 504}
-BROKEN = (ConnectionError, http.client.HTTPException, socket.timeout, TimeoutError, OSError)
+BROKEN = (ConnectionError, http.client.HTTPException, socket.timeout, TimeoutError, OSError,
+          urllib3.exceptions.HTTPError)
 
 
 # What a broken or hostile registry can make the transport raise outside the retried send: a
@@ -289,7 +293,7 @@ CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
 class Response:
     status: int
     headers: dict[str, str]
-    body: http.client.HTTPResponse | None  # open for streaming; None once read
+    body: urllib3.BaseHTTPResponse | None  # open for streaming; None once read
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
@@ -304,7 +308,7 @@ class Registry:
     push: bool = False  # ask the token service for push as well as pull
     sleep: Callable[[float], None] = time.sleep
     _auth: str | None = None
-    _conn: http.client.HTTPConnection | None = None
+    _pool: urllib3.HTTPConnectionPool | None = None
     proxy: transport.Proxy | None = None  # the proxy of the last connection, if any
     # (digest, from byte, status) of every resumed blob download: 206, or 200 where the
     # registry ignored the Range and its first bytes were read past
@@ -315,16 +319,16 @@ class Registry:
     def _may_send_credentials(self) -> bool:
         return self.ref.scheme == "https" or self.ref.loopback
 
-    def _connection(self) -> http.client.HTTPConnection:
-        if self._conn is None:
-            self._conn, self.proxy = transport.connect(self.ref.scheme, self.ref.host,
-                                                       self.ref.port, timeout=TIMEOUT)
-        return self._conn
+    def _connection(self) -> urllib3.HTTPConnectionPool:
+        if self._pool is None:
+            self._pool, self.proxy = transport.open_pool(self.ref.scheme, self.ref.host,
+                                                         self.ref.port, timeout=TIMEOUT)
+        return self._pool
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def __enter__(self) -> Registry:
         return self
@@ -337,14 +341,15 @@ class Registry:
 
     def _send(self, method: str, path: str, headers: dict[str, str],
               body: bytes | IO[bytes] | None) -> Response:
-        conn = self._connection()
+        pool = self._connection()
         try:
-            conn.request(method, path, body=body, headers=headers)
-            raw = conn.getresponse()
+            raw = pool.urlopen(method, path, body=body, headers=headers, retries=False,
+                               redirect=False, preload_content=False, decode_content=False,
+                               assert_same_host=False, release_conn=True)
         except BaseException:
             self.close()
             raise
-        return Response(raw.status, {k.lower(): v for k, v in raw.getheaders()}, raw)
+        return Response(raw.status, {k.lower(): v for k, v in raw.headers.items()}, raw)
 
     def request(self, method: str, path: str, *, headers: dict[str, str] | None = None,
                 body: bytes | Callable[[], IO[bytes]] | None = None,
@@ -575,10 +580,10 @@ class Registry:
                                            f"{size} bytes its descriptor says")
                     hasher.update(chunk)
                     yield chunk
-                if seen < size and getattr(resp.body, "length", None):
+                if seen < size and getattr(resp.body, "length_remaining", None):
                     # short of its own Content-Length: the connection broke off (an answer
                     # whole by its length but short of the descriptor is refused below)
-                    raise http.client.IncompleteRead(b"", resp.body.length)
+                    raise http.client.IncompleteRead(b"", resp.body.length_remaining)
                 resp.body.read()  # at its end: read() closes the response (read1 never does)
                 if skip:
                     raise RegistryError(f"{self.ref}: GET blob {digest}: the restarted "
@@ -665,21 +670,23 @@ class Registry:
             conn.close()
             raise RegistryError(f"{self.ref}: blob {digest} at {as_data(split.netloc, 200)}: "
                                 f"HTTP {raw.status}", status=raw.status)
-        return Response(raw.status, {k.lower(): v for k, v in raw.getheaders()}, raw)
+        return Response(raw.status, {k.lower(): v for k, v in raw.headers.items()}, raw)
 
     def _side_get(self, scheme: str, host: str, port: int, path: str,
                   headers: dict[str, str], where: str
-                  ) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
+                  ) -> tuple[urllib3.BaseHTTPResponse, urllib3.HTTPConnectionPool]:
         """A GET on a connection of its own (a token service, a blob's storage), retried
         as the registry's own requests are: a broken connection, 429 and 5xx (Retry-After
         honoured), never a TLS failure. The response is open; the caller closes ``conn``."""
         attempt = 0
         while True:
             attempt += 1
-            conn, proxy = transport.connect(scheme, host, port, timeout=TIMEOUT)
+            conn, proxy = transport.open_pool(scheme, host, port, timeout=TIMEOUT)
             try:
-                conn.request("GET", path, headers=headers)
-                raw = conn.getresponse()
+                raw = conn.urlopen("GET", path, headers=headers, retries=False,
+                                   redirect=False, preload_content=False,
+                                   decode_content=False, assert_same_host=False,
+                                   release_conn=True)
             except BROKEN as exc:
                 conn.close()
                 if transport.tls_failure(exc):
@@ -693,7 +700,7 @@ class Registry:
                 self.sleep(transport.backoff(attempt))
                 continue
             if raw.status in RETRY_STATUS and attempt < RETRIES:
-                asked = transport.retry_after(raw.getheader("retry-after"))
+                asked = transport.retry_after(raw.headers.get("retry-after"))
                 conn.close()
                 self.sleep(transport.backoff(attempt, asked=asked))
                 continue

@@ -1,5 +1,10 @@
 """How a connection to a registry is made and when a failed request is tried again.
 
+The HTTP itself is urllib3's (chosen by measurement over the standard library's
+http.client, docs/cache.md): connection pools, TLS, proxy tunnels. Retrying, redirects and
+every check of what arrives stay the registry client's (registry.py): urllib3 is told
+never to retry or follow on its own.
+
 - **TLS**: the system trust store (OpenSSL's default paths: a company CA installed on the
   host is trusted without configuration), ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` honoured.
   A certificate failure is not a broken connection: it is never retried, and says the
@@ -18,7 +23,6 @@ from __future__ import annotations
 
 import base64
 import email.utils
-import http.client
 import os
 import random
 import ssl
@@ -26,6 +30,10 @@ import time
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+import urllib3
+import urllib3.connection
 
 TIMEOUT = 60.0
 CHUNK = 1 << 20
@@ -102,39 +110,77 @@ def tls_context() -> ssl.SSLContext:
     return context
 
 
-def connect(scheme: str, host: str, port: int, *, timeout: float = TIMEOUT,
-            blocksize: int = CHUNK) -> tuple[http.client.HTTPConnection, Proxy | None]:
-    """A connection to ``host:port`` (not yet open), through the environment's proxy for
-    ``scheme`` when there is one."""
+class _TunnelConnection(urllib3.connection.HTTPConnection):
+    """Connects to the proxy, then CONNECTs to ``target`` (again after every reconnect:
+    urllib3 clears a tunnel when it closes a connection)."""
+
+    target: tuple[str, int] = ("", 0)
+    proxy_auth: str | None = None
+
+    def connect(self) -> None:
+        if self._tunnel_host is None:
+            self.set_tunnel(self.target[0], self.target[1], headers={
+                "Proxy-Authorization": self.proxy_auth} if self.proxy_auth else None)
+        super().connect()
+
+
+class _TunnelPool(urllib3.HTTPConnectionPool):
+    """A plain-HTTP registry through a proxy, tunnelled (CONNECT) as HTTPS is: urllib3
+    forwards plain HTTP to a proxy instead, Authorization header and all."""
+
+    def __init__(self, proxy: Proxy, host: str, port: int, **kw: Any) -> None:
+        super().__init__(proxy.host, proxy.port, **kw)
+        self.ConnectionCls = type("TunnelConnection", (_TunnelConnection,), {
+            "target": (host, port), "proxy_auth": proxy.authorization})
+
+
+def open_pool(scheme: str, host: str, port: int, *, timeout: float = TIMEOUT,
+              blocksize: int = CHUNK) -> tuple[urllib3.HTTPConnectionPool, Proxy | None]:
+    """A connection pool to ``host:port`` (urllib3), through the environment's proxy for
+    ``scheme`` when there is one; urllib3 itself never retries or redirects here (the
+    registry client decides both)."""
     host = host.strip("[]")
     proxy = proxy_for(scheme, host)
-    conn: http.client.HTTPConnection
-    if proxy is None:
-        if scheme == "https":
-            conn = http.client.HTTPSConnection(host, port, timeout=timeout,
-                                               context=tls_context(), blocksize=blocksize)
-        else:
-            conn = http.client.HTTPConnection(host, port, timeout=timeout, blocksize=blocksize)
-        return conn, None
+    kw: dict[str, Any] = {"timeout": urllib3.Timeout(connect=timeout, read=timeout),
+                          "retries": False, "maxsize": 1, "blocksize": blocksize}
     if scheme == "https":
-        conn = http.client.HTTPSConnection(proxy.host, proxy.port, timeout=timeout,
-                                           context=tls_context(), blocksize=blocksize)
-    else:
-        conn = http.client.HTTPConnection(proxy.host, proxy.port, timeout=timeout,
-                                          blocksize=blocksize)
-    conn.set_tunnel(host, port, headers={"Proxy-Authorization": proxy.authorization}
-                    if proxy.authorization else None)
-    return conn, proxy
+        kw["ssl_context"] = tls_context()
+    if proxy is None:
+        cls = urllib3.HTTPSConnectionPool if scheme == "https" else urllib3.HTTPConnectionPool
+        return cls(host, port, **kw), None
+    if scheme == "http":
+        return _TunnelPool(proxy, host, port, **kw), proxy
+    manager = urllib3.ProxyManager(
+        f"http://{proxy.host}:{proxy.port}", proxy_headers={
+            "Proxy-Authorization": proxy.authorization} if proxy.authorization else None,
+        **kw)
+    return manager.connection_from_host(host, port, scheme="https"), proxy
+
+
+def _tls_cause(exc: BaseException | None) -> BaseException | None:
+    """The ssl error under ``exc`` (urllib3 wraps it, a proxy error wraps that), or None."""
+    seen = 0
+    while exc is not None and seen < 6:
+        if isinstance(exc, ssl.SSLError | ssl.CertificateError):
+            return exc
+        if isinstance(exc, urllib3.exceptions.SSLError) and not exc.args:
+            return exc
+        inner = exc.args[0] if exc.args and isinstance(exc.args[0], BaseException) else None
+        exc = inner or exc.__cause__ or exc.__context__
+        seen += 1
+    return None
 
 
 def tls_failure(exc: BaseException) -> bool:
     """A TLS failure (a certificate that does not verify, a handshake refused): retrying
     cannot help."""
-    return isinstance(exc, ssl.SSLError | ssl.CertificateError)
+    return isinstance(exc, urllib3.exceptions.SSLError) or _tls_cause(exc) is not None
 
 
 def tls_message(exc: BaseException, host: str) -> str:
-    reason = getattr(exc, "verify_message", None) or getattr(exc, "reason", None) or str(exc)
+    cause = _tls_cause(exc) or exc
+    reason = getattr(cause, "verify_message", None) or getattr(cause, "reason", None) or \
+        str(cause)
     return f"TLS to {host} failed: {reason}"
 
 
