@@ -405,6 +405,10 @@ def test_the_verdict_lines_have_one_writer_each() -> None:
     assert verdicts.identity(True) == "ORACLE_IDENTITY_OK"
     assert verdicts.golden("pass") == "  => PASS"
     assert verdicts.verify_closing({"pass": 1}, 0) == "verify: pass 1 (exit 0)"
+    # the battery's line, with the fingerprint numerics.py makes (the shape gates grep for)
+    fp = "sha256:" + "0123456789abcdef" * 4
+    assert verdicts.numerics(verdicts.NUMERICS_OK, fp) == f"ORACLE_NUMERICS_OK {fp}"
+    assert verdicts.numerics(verdicts.NUMERICS_DRIFT) == "ORACLE_NUMERICS_DRIFT"
     assert verdicts.forged("  => PASS\nx => PASS\nverify: pass 1 (exit 0)\n== g") == [
         "  => PASS", "verify: pass 1 (exit 0)"]
 

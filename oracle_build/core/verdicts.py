@@ -39,10 +39,11 @@ def identity_then(ok_what: str) -> str:
 
 
 def numerics(line: str, fingerprint: str | None = None) -> str:
-    """The battery's closing line: one of ``NUMERICS_LINES``, then its fingerprint (hex)."""
+    """The battery's closing line: one of ``NUMERICS_LINES``, then its fingerprint
+    (``sha256:<hex>``, made by the tool from the goldens' bytes)."""
     assert line in NUMERICS_LINES, line
     if fingerprint is not None:
-        assert re.fullmatch(r"[0-9a-f]{8,128}", fingerprint), fingerprint
+        assert re.fullmatch(r"(sha256:)?[0-9a-f]{8,128}", fingerprint), fingerprint
         return f"{line} {fingerprint}"
     return line
 
