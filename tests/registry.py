@@ -5,6 +5,7 @@ which listens on every interface), optionally with htpasswd auth, stopped by its
 from __future__ import annotations
 
 import http.client
+import http.server
 import os
 import shutil
 import signal
@@ -101,3 +102,20 @@ def start(folder: Path, *, auth: tuple[str, str] | None = None,
             return Server(port, root, proc, *(auth or (None, None)))
     proc.kill()
     raise RuntimeError("docker-registry did not answer within 20 s")
+
+
+class Quiet(http.server.BaseHTTPRequestHandler):
+    """A test server's handler: no access log, and one call for a whole answer."""
+
+    def reply(self, status: int, body: bytes = b"", **headers: str) -> None:
+        """``status``, the headers (``Retry_After="3"`` is sent as Retry-After), the body."""
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name.replace("_", "-"), value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if body and self.command != "HEAD":
+            self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass

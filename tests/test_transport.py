@@ -138,7 +138,7 @@ def test_a_blob_that_keeps_breaking_fails_clearly(serve: Any) -> None:
     assert len(handler.asked) == 4  # RETRIES breaks without progress, then it gives up
 
 
-class Busy(http.server.BaseHTTPRequestHandler):
+class Busy(regmod.Quiet):
     """429 with a Retry-After (seconds or a date) for the first ``busy`` requests."""
 
     busy = 1
@@ -148,18 +148,9 @@ class Busy(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         type(self).seen += 1
         if type(self).seen <= type(self).busy:
-            self.send_response(429)
-            self.send_header("Retry-After", type(self).after)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+            self.reply(429, Retry_After=type(self).after)
             return
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"{}")
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(200, b"{}")
 
 
 def test_retry_after_is_honoured_and_bounded(serve: Any) -> None:
@@ -184,7 +175,7 @@ def test_backoff_is_jittered() -> None:
     assert all(4.0 <= transport.backoff(9, rng=rng) <= 8.0 for _ in range(20))
 
 
-class TokenFlaky(http.server.BaseHTTPRequestHandler):
+class TokenFlaky(regmod.Quiet):
     """A registry asking for a bearer token, whose token service answers 503 once."""
 
     seen_token = 0
@@ -193,31 +184,16 @@ class TokenFlaky(http.server.BaseHTTPRequestHandler):
         if self.path.startswith("/token"):
             type(self).seen_token += 1
             if type(self).seen_token == 1:
-                self.send_response(503)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                self.reply(503)
                 return
-            body = b'{"token": "t0k"}'
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.reply(200, b'{"token": "t0k"}')  # to anyone: an anonymous pull's token
             return
         if self.headers.get("Authorization") != "Bearer t0k":
-            self.send_response(401)
             port = self.server.server_address[1]
-            self.send_header("WWW-Authenticate",
-                             f'Bearer realm="http://127.0.0.1:{port}/token",service="r"')
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+            self.reply(401, WWW_Authenticate=f'Bearer realm="http://127.0.0.1:{port}/token",'
+                       'service="r"')
             return
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"{}")
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(200, b"{}")
 
 
 def test_the_token_request_is_retried_like_the_rest(serve: Any) -> None:
@@ -378,24 +354,15 @@ class ConnectProxy:
         self.sock.close()
 
 
-class Authed(http.server.BaseHTTPRequestHandler):
+class Authed(regmod.Quiet):
     saw: ClassVar[list[str | None]] = []
 
     def do_GET(self) -> None:
         type(self).saw.append(self.headers.get("Authorization"))
         if self.headers.get("Authorization") is None:
-            self.send_response(401)
-            self.send_header("WWW-Authenticate", 'Basic realm="r"')
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+            self.reply(401, WWW_Authenticate='Basic realm="r"')
             return
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"{}")
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(200, b"{}")
 
 
 def test_a_pull_goes_through_the_proxy_and_its_credentials_do_not(
