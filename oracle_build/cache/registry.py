@@ -44,6 +44,7 @@ import urllib3
 
 from oracle_build.cache import transport
 from oracle_build.cache.ref import CacheRef
+from oracle_build.cache.transport import CHUNK, TIMEOUT
 from oracle_build.contracts.cache import DIGEST, MAX_DOCUMENT_BYTES, OCI_INDEX, OCI_MANIFEST
 from oracle_build.core.env import tool_variable
 from oracle_build.core.errors import (
@@ -55,9 +56,7 @@ from oracle_build.core.errors import (
 )
 from oracle_build.core.log import say
 
-CHUNK = 1 << 20
 RETRIES = 4
-TIMEOUT = 60.0  # per read: a registry that sends nothing for this long is gone
 # A document (manifest, index, token) arrives whole within this, and a blob at no less than
 # this rate over any window of BLOB_WINDOW seconds: a registry dripping a byte at a time
 # would otherwise hold a pull for as long as it likes (each read is within TIMEOUT).

@@ -35,8 +35,8 @@ from typing import Any
 import urllib3
 import urllib3.connection
 
-TIMEOUT = 60.0
-CHUNK = 1 << 20
+TIMEOUT = 60.0  # per read: a registry that sends nothing for this long is gone
+CHUNK = 1 << 20  # bodies stream in chunks of this size, both ways
 MAX_RETRY_AFTER = 30.0  # a registry asking for longer is waited for this long, then asked
 
 
