@@ -148,6 +148,15 @@ def assert_no_false_oracle(home: Path, pin: Pin) -> bool:
     return False
 
 
+def assert_nothing_published_and_staging_kept(pin_path: str, home: Path) -> None:
+    """A build killed before its publish: there is no oracle (identity says none was built,
+    exit 7, and proves nothing), and the staging folder with its full log is kept for
+    inspection (the build made both before its first step)."""
+    assert main(["identity", "--pin", pin_path, "--home", str(home)]) == 7
+    staged = list((home / "staging").iterdir())
+    assert staged and all((s / layout.BUILD_LOG).exists() for s in staged), staged
+
+
 def signame(sig: int) -> str:
     return "SIGKILL" if sig == signal.SIGKILL else "SIGINT"
 
@@ -169,6 +178,7 @@ def kill_every_step(args: list[str], pin: Pin, home: Path, plan_steps: list[str]
     oracle; a whole one (killed after the commit point) and the staging folder go, and
     ``between`` resets what else the next run must not find."""
     phases = build_phases(plan_steps)  # "[i/n]": n counts every step of the plan
+    pin_path = args[args.index("--pin") + 1]
     steps = steps or plan_steps
     assert set(steps) <= set(plan_steps), (steps, plan_steps)
     rng = random.Random(seed)
@@ -187,6 +197,8 @@ def kill_every_step(args: list[str], pin: Pin, home: Path, plan_steps: list[str]
                     assert run.proc.returncode == expected_exit(sig), "".join(run.lines[-20:])
                     landed.add((step, signame(sig)))
                     reliability("kill points survived", f"{label} {step} {signame(sig)}")
+                    if not (home / "oracles" / pin.key).exists():
+                        assert_nothing_published_and_staging_kept(pin_path, home)
                 if assert_no_false_oracle(home, pin):
                     # killed after the commit point: the oracle is whole; start over (an
                     # interrupted publish stays: the next run must set it aside)
@@ -254,6 +266,38 @@ def test_source_build_killed_at_every_step_then_recovers(tmp_path: Path) -> None
     kill_every_step(args, pin, home, steps, record["timings"], seed=20261201,
                     label="build_oracle (source)",
                     between=lambda: shutil.rmtree(wheelhouse, ignore_errors=True))
+
+
+@pytest.mark.parametrize(("sig", "step"), [(signal.SIGKILL, "install"),
+                                           (signal.SIGINT, "identity")])
+def test_killed_build_leaves_no_oracle_and_recovers(tmp_path: Path, sig: int,
+                                                    step: str) -> None:
+    """One kill inside a step (its steps take milliseconds here: the run is frozen the
+    instant the step's line arrives, then signalled), then the next run: the small source
+    package's build (seconds). It was the CPU pin's, an install (about a minute) before each
+    kill and a rebuild after: the CPU pin's kills in install and identity, with these same
+    checks (exit code, no oracle, identity exit 7, the staging folder and its log kept) and
+    the recovering build, are in test_build_killed_at_every_step_then_recovers."""
+    repo = make_repo(tmp_path / "src" / "pkg")
+    pin_path = write_pin(tmp_path, repo)
+    pin = load_pin(pin_path)
+    home, wheelhouse = tmp_path / "home", tmp_path / "wh"
+    args = ["build", "--pin", str(pin_path), "--home", str(home), "--wheelhouse",
+            str(wheelhouse)]
+    steps = [s.name for s in build.plan(pin, "cpu", home=home,
+                                       wheelhouse_root=wheelhouse).steps]
+    phases = build_phases(steps)
+    marker = next(m for m, n in phases.items() if n == step)
+    run = Watched(args, freeze_on=marker)
+    assert run.kill_in(step, phases, sig, 0.0)  # alive and inside the step when signalled
+    assert run.proc.returncode == expected_exit(sig), "".join(run.lines[-20:])
+    assert not layout.oracle_path(home, pin.key).exists()
+    assert_nothing_published_and_staging_kept(str(pin_path), home)
+    if sig == signal.SIGKILL:  # the next run completes normally
+        rerun = subprocess.run([sys.executable, "-m", "oracle_build", *args], cwd=REPO,
+                               capture_output=True, text=True, timeout=900)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        assert rerun.stdout.strip().endswith(identity.OK_LINE)
 
 
 def test_capture_killed_at_every_point_leaves_no_golden(cpu_oracle: BuiltOracle,
