@@ -330,22 +330,30 @@ def test_capture_killed_at_every_point_leaves_no_golden(cpu_oracle: BuiltOracle,
     assert (out / "tiny-llama-greedy" / "golden.json").exists()
 
 
-def test_two_builds_of_one_pin_end_with_one_venv(cpu_oracle: BuiltOracle,
-                                                 tmp_path: Path) -> None:
-    """Slow: builds a real oracle venv (an install from the wheelhouse, about a minute)."""
+def test_two_builds_of_one_pin_end_with_one_venv(tmp_path: Path) -> None:
+    """Two builds of one pin at once: the second waits on the first's build lock, then finds
+    its oracle and re-checks it instead of building again. On the small source package (a
+    build of seconds; it was the CPU pin's, a minute's install): the lock and the re-check
+    do not depend on the pin's size, and the CPU oracle's re-check without a rebuild is
+    test_oracle_cpu::test_rerun_rechecks_identity_without_building. The second starts once
+    the first has printed its first step, when it holds the lock (taken before the plan)."""
+    repo = make_repo(tmp_path / "src" / "pkg")
+    pin_path = write_pin(tmp_path, repo)
+    pin = load_pin(pin_path)
     home = tmp_path / "home"
-    args = ["build", "--pin", str(CPU_PIN), "--home", str(home), "--wheelhouse",
-            str(cpu_oracle.wheelhouse)]
-    a = start(args)
-    time.sleep(1.0)
+    args = ["build", "--pin", str(pin_path), "--home", str(home), "--wheelhouse",
+            str(tmp_path / "wh")]
+    a = Watched(args)
+    a.wait_for("==> [1/")
     b = start(args)
-    _, err_a = a.communicate(timeout=900)
     _, err_b = b.communicate(timeout=900)
-    assert a.returncode == 0 and b.returncode == 0, (err_a[-1500:], err_b[-1500:])
+    a.close()
+    err_a = "".join(a.lines)
+    assert a.proc.returncode == 0 and b.returncode == 0, (err_a[-1500:], err_b[-1500:])
     assert "waiting: another run" in err_b
     assert "nothing rebuilt" in err_b  # the second found the first's oracle and checked it
     assert sorted(p.name for p in (home / "oracles").iterdir()) == [
-        cpu_oracle.pin.key, f"{cpu_oracle.pin.key}.anchor.json"]  # one venv and its anchor
+        pin.key, f"{pin.key}.anchor.json"]  # one venv and its anchor
     reliability("concurrency", "two build_oracle runs, one pin")
 
 
