@@ -5,6 +5,7 @@ wheelhouse against install + first import; identity against a bare import).
 
     python benchmarks/all.py [--runs 3]
     python benchmarks/all.py --quick          # each script's quick mode (CI)
+    python benchmarks/all.py --quick --pin P  # recovery.py on pin P (CI: a small one)
 
 Each script's lines are shown as they come; the ratios are gathered at the end.
 """
@@ -28,11 +29,15 @@ def main() -> int:
     ap.add_argument("--golden", type=Path, default=None, help="ci_speed.py's --golden")
     ap.add_argument("--work", type=Path, default=None,
                     help="scratch folder; each script works in a folder of its own inside")
+    ap.add_argument("--pin", type=Path, default=None,
+                    help="recovery.py's --pin (default: pins/cpu.toml); CI's quick run takes "
+                    "a small pin, whose rebuild takes seconds")
     args = ap.parse_args()
     ratios: list[str] = []
     start = time.monotonic()
     golden = ["--golden", str(args.golden)] if args.golden else []
-    for script, extra in (("ci_speed.py", golden), ("recovery.py", ["--skip-cold"])):
+    pin = ["--pin", str(args.pin)] if args.pin else []
+    for script, extra in (("ci_speed.py", golden), ("recovery.py", ["--skip-cold", *pin])):
         mode = ["--quick"] if args.quick else ["--runs", str(args.runs)]
         if args.work:
             mode += ["--work", str(args.work / script.removesuffix(".py"))]

@@ -3,6 +3,8 @@
     python benchmarks/cache.py [--runs 3] [--big-gib 2.2] [--work DIR]
     python benchmarks/cache.py --quick      # CI: one round, a 64 MiB blob for (m2); every
                                             # figure still produced
+    python benchmarks/cache.py --pin PIN    # another pin's oracle (default: pins/cpu.toml);
+                                            # CI's quick run takes a small one (seconds)
 
 Needs the CPU oracle built in the default home (`nox` does it) and Debian's docker-registry.
 
@@ -34,6 +36,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from packaging.utils import parse_wheel_filename  # noqa: E402
 
 from oracle_build.cache.ref import parse, tag_for  # noqa: E402
 from oracle_build.cache.registry import Registry  # noqa: E402
@@ -78,15 +82,19 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true",
                     help="CI's mode: one round, a 64 MiB blob for (m2); the oracle of "
                     "ORACLE_BUILD_HOME")
+    ap.add_argument("--pin", type=Path, default=PIN,
+                    help="the pin whose oracle (built in the default home, ORACLE_BUILD_HOME) "
+                    "is pushed and recovered (default: pins/cpu.toml)")
     args = ap.parse_args()
     if args.quick:
         args.runs, args.big_gib = 1, 1 / 16
     work = args.work or Path(tempfile.mkdtemp(prefix="oracle-cache-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    pin = load_pin(PIN)
+    pin = load_pin(args.pin)
     home = layout.default_home()
-    if not layout.build_record_path(layout.oracle_path(home, pin.key)).is_file():
-        print(f"no CPU oracle in {home}: run `nox` first")
+    record_path = layout.build_record_path(layout.oracle_path(home, pin.key))
+    if not record_path.is_file():
+        print(f"no oracle of {args.pin} in {home}: build it first (`nox` for the CPU pin)")
         return 2
     server = regmod.start(work / "registry")
     results: dict[str, object] = {}
@@ -97,7 +105,8 @@ def main() -> int:
         trusted.write_text(key.public_line + "\n")
         print(f"oracle-cache benchmark, pin {pin.key}, registry {ref}, work {work}", flush=True)
 
-        push = [*CLI, "push", "--cache", ref, "--signing-key", str(secret)]
+        push = [*CLI, "push", "--pin", str(args.pin), "--cache", ref, "--signing-key",
+                str(secret)]
         p1 = timed(push)
         p2 = timed([*push, "--replace"])
         print(f"(p1) push into an empty registry:            {p1:7.2f} s", flush=True)
@@ -109,7 +118,10 @@ def main() -> int:
         layers = [(d["annotations"]["org.opencontainers.image.title"], d["digest"])
                   for d in manifest["layers"]]
         req = work / "req.txt"
-        req.write_text("".join(e.requirement_line() + "\n" for e in pin.require_lock()))
+        # what the recovery installs: the artifact's wheels, each by its layer's digest
+        req.write_text("".join(
+            f"{parse_wheel_filename(title)[0]}=={parse_wheel_filename(title)[1]} "
+            f"--hash={digest}\n" for title, digest in layers))
         env = {**envmod.build_env(), **envmod.UV}
         neutral = Path(tempfile.mkdtemp(prefix="neutral-"))
         rs: list[float] = []
@@ -119,7 +131,8 @@ def main() -> int:
             renv = {**os.environ, "XDG_CACHE_HOME": str(work / f"xdg-r{n}")}
             # a fresh home and a wheelhouse of its own (never ORACLE_BUILD_WHEELHOUSE's):
             # every wheel comes from the registry
-            rs.append(timed([*CLI, "build", "--cache", ref, "--trusted-keys", str(trusted),
+            rs.append(timed([*CLI, "build", "--pin", str(args.pin), "--cache", ref,
+                             "--trusted-keys", str(trusted),
                              "--home", str(fresh), "--wheelhouse", str(fresh / "wheelhouse")],
                             env=renv))
             shutil.rmtree(fresh)
@@ -135,7 +148,8 @@ def main() -> int:
                     shutil.copyfileobj(resp, fh, 1 << 20)
             venv = work / f"floor{n}"
             fenv = {**env, "XDG_CACHE_HOME": str(work / f"xdg-f{n}")}
-            subprocess.run([uv(), "venv", "--python", "3.11", "--no-project", str(venv)],
+            subprocess.run([uv(), "venv", "--python", pin.model.python, "--no-project",
+                            str(venv)],
                            env=fenv, check=True, capture_output=True)
             subprocess.run([uv(), "pip", "install", "--python", str(venv / "bin/python"),
                             "--compile-bytecode", "--offline", "--no-index", "--find-links",
@@ -156,10 +170,11 @@ def main() -> int:
         # (m1) a pull's peak memory
         m1, m1s = rss_of(
             "from oracle_build.cli import main\n"
-            f"assert main(['pull', '--cache', {ref!r}, '--trusted-keys', {str(trusted)!r}, "
+            f"assert main(['pull', '--pin', {str(args.pin)!r}, '--cache', {ref!r}, "
+            f"'--trusted-keys', {str(trusted)!r}, "
             f"'--home', {str(work / 'home-m1')!r}, "
             f"'--wheelhouse', {str(work / 'home-m1' / 'wheelhouse')!r}]) == 0")
-        print(f"(m1) peak RSS, pull of the CPU oracle ({len(layers)} wheels): {m1:.0f} MB "
+        print(f"(m1) peak RSS, pull of the oracle ({len(layers)} wheels): {m1:.0f} MB "
               f"({m1s:.1f} s)  (target <= 150 MB)", flush=True)
         shutil.rmtree(work / "home-m1", ignore_errors=True)
         # (m2) one blob larger than 2 GB, pushed and pulled

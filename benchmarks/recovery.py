@@ -3,6 +3,8 @@
     python benchmarks/recovery.py [--runs 3] [--skip-cold] [--with-pip] [--work DIR]
     python benchmarks/recovery.py --quick    # CI: one round of (b), (c), (d), (d'); no cold
                                              # build, no (c0); every figure still produced
+    python benchmarks/recovery.py --pin PIN  # another pin's oracle (default: pins/cpu.toml);
+                                             # CI's quick run takes a small one (seconds)
 
 (a) a cold build of the CPU oracle (empty wheelhouse: every wheel downloaded);
 (b) a rebuild from the wheelhouse (fresh home, wheelhouse kept);
@@ -70,6 +72,13 @@ def link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
+def requirements(record: dict[str, Any]) -> str:
+    """What an oracle's build installed, as hash-checked requirement lines (its build
+    record's distributions: every wheel's name, version and sha256), for the floor."""
+    return "".join(f"{d['name']}=={d['version']} --hash=sha256:{d['sha256']}\n"
+                   for d in record["distributions"])
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
@@ -119,13 +128,18 @@ def main() -> int:
                     "wheelhouse of ORACLE_BUILD_HOME / ORACLE_BUILD_WHEELHOUSE")
     ap.add_argument("--identity-only", action="store_true",
                     help="only (d) and (d'), on the default home's built oracle")
+    ap.add_argument("--pin", type=Path, default=PIN,
+                    help="the pin whose oracle is rebuilt (default: pins/cpu.toml); with "
+                    "--skip-cold its wheels come from the default wheelhouse "
+                    "(ORACLE_BUILD_WHEELHOUSE)")
     args = ap.parse_args()
     if args.quick:
         args.runs, args.skip_cold = 1, True
     work = args.work or Path(tempfile.mkdtemp(prefix="oracle-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    pin = load_pin(PIN)
+    pin = load_pin(args.pin)
     target = pin.target("cpu")
+    python = pin.model.python
     wheelhouse = work / "wheelhouse"
     results: dict[str, object] = {}
     print(f"oracle-build recovery benchmark, pin {pin.key}, work {work}", flush=True)
@@ -140,8 +154,8 @@ def main() -> int:
     if not args.skip_cold:
         shutil.rmtree(wheelhouse, ignore_errors=True)
         home = work / "home-cold"
-        a = timed(lambda: run([*CLI, "build", "--home", str(home), "--wheelhouse",
-                               str(wheelhouse)]))
+        a = timed(lambda: run([*CLI, "build", "--pin", str(args.pin), "--home", str(home),
+                               "--wheelhouse", str(wheelhouse)]))
         results["a_cold_build_s"] = a
         print(f"(a) cold build (download + install + identity): {a:7.2f} s (1 run)", flush=True)
     else:
@@ -154,8 +168,7 @@ def main() -> int:
                         copy_function=link_or_copy)
 
     # (b) rebuild from the wheelhouse and (c) the floor, paired: each round runs both
-    req = work / "req.txt"
-    req.write_text("".join(e.requirement_line() + "\n" for e in pin.require_lock()))
+    req = work / "req.txt"  # written from the first rebuild's record
     env = {**envmod.build_env(), **envmod.UV}
     neutral = Path(tempfile.mkdtemp(prefix="neutral-"))
     bs: list[float] = []
@@ -165,10 +178,13 @@ def main() -> int:
         home = work / f"home-b{n}"
         env_b = cold_env(work, f"b{n}")
         bs.append(timed(lambda home=home, env_b=env_b: run(  # type: ignore[misc]
-            [*CLI, "build", "--home", str(home), "--wheelhouse", str(wheelhouse)], env=env_b)))
+            [*CLI, "build", "--pin", str(args.pin), "--home", str(home), "--wheelhouse",
+             str(wheelhouse)], env=env_b)))
         record = json.loads((layout.oracle_path(home, pin.key) / "oracle-build" /
                              "build-record.json").read_text())
         assert record["origin"] == "wheelhouse", record["origin"]
+        if not n:
+            req.write_text(requirements(record))
         shutil.rmtree(work / f"xdg-b{n}", ignore_errors=True)  # a cold uv cache is 4 GB
         if n:
             shutil.rmtree(home)
@@ -178,7 +194,7 @@ def main() -> int:
                   compile_bytecode: bool = True) -> None:
             """The same work by hand: a venv, the locked wheels installed offline (their
             bytecode compiled, as the oracle's is), and the first `import vllm`."""
-            run([uv(), "venv", "--python", "3.11", "--no-project", str(venv)], env=fenv)
+            run([uv(), "venv", "--python", python, "--no-project", str(venv)], env=fenv)
             run([uv(), "pip", "install", "--python", str(venv / "bin/python"),
                  *(["--compile-bytecode"] if compile_bytecode else []),
                  "--offline", "--no-index", "--find-links", str(wheelhouse / pin.key),

@@ -89,3 +89,23 @@ def write_pin(tmp_path: Path, repo: Repo, *, commit: str | None = None,
     path.write_text(git_pin_text(repository or str(repo.path), commit or repo.pinned,
                                  version or repo.version))
     return path
+
+
+# a real wheel from PyPI (10 KB) for the locked variant's lock; the CPU lock has the same line
+LOCKED_WHEEL = ("mdurl==0.1.2 --hash=sha256:"
+                "84008a41e51615a49fc9966191ff91509e3c40b939176e643fd50a5c2196b8f8")
+
+
+def write_locked_pin(tmp_path: Path, repo: Repo) -> Path:
+    """The small package's pin with an established lock (one real wheel, fetched from the
+    index like any locked wheel), so that its oracle can be pushed to and pulled from a
+    cache: the benchmarks' quick modes rebuild, push and recover it in seconds."""
+    path = write_pin(tmp_path, repo)
+    text = path.read_text()
+    unestablished = 'lock = { status = "unestablished", reason = "a test package with no ' \
+        'dependencies" }'
+    assert unestablished in text
+    path.write_text(text.replace(unestablished, 'lock = "srcpkg.lock.txt"'))
+    (tmp_path / "srcpkg.lock.txt").write_text(
+        "# Hash-locked dependencies of pin 'srcpkg' (a test's)\n" + LOCKED_WHEEL + "\n")
+    return path

@@ -10,12 +10,15 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from oracle_build.contracts.golden import load_golden
+from oracle_build.contracts.pins import load_pin
 from tests.conftest import REPO, BuiltOracle
+from tests.srcpkg import make_repo, write_locked_pin
 
 BENCH = REPO / "benchmarks"
 SECONDS = re.compile(r"median +([0-9.]+) s")
@@ -52,17 +55,44 @@ def test_large_golden_makes_a_golden_verify_reads(tmp_path: Path) -> None:
     assert all(len(row) == 20 for p in golden.prompts for row in p.topk)
 
 
+@dataclass
+class SmallOracle:
+    pin: Path
+    home: Path
+    wheelhouse: Path
+
+
+@pytest.fixture(scope="module")
+def small_oracle(tmp_path_factory: pytest.TempPathFactory) -> SmallOracle:
+    """The small source package's oracle, its pin locked (tests/srcpkg.py): built in
+    seconds, pushed and pulled in seconds. The quick modes of recovery.py and cache.py run
+    on it ("small sizes"): the same code paths as on the CPU pin (a rebuild from the
+    wheelhouse, the floor install, identity; a push, a recovery from the registry, its
+    floor, a pull's memory), the CPU pin's figures being their full mode, by hand
+    (docs/performance.md). They installed the CPU oracle four times (about six minutes)."""
+    root = tmp_path_factory.mktemp("small-oracle")
+    pin = write_locked_pin(root, make_repo(root / "src" / "pkg"))
+    home, wheelhouse = root / "home", root / "wheelhouse"
+    built = subprocess.run([sys.executable, "-m", "oracle_build", "build", "--pin", str(pin),
+                            "--home", str(home), "--wheelhouse", str(wheelhouse)],
+                           cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert built.returncode == 0, built.stderr[-3000:]
+    return SmallOracle(pin, home, wheelhouse)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_speed_and_recovery_quick(cpu_oracle: BuiltOracle, host_golden: Path,
-                                  tmp_path: Path) -> None:
+                                  small_oracle: SmallOracle, tmp_path: Path) -> None:
     """all.py --quick: ci_speed.py (a bare engine run, verify, capture, verify's own work)
-    and recovery.py (a rebuild from the wheelhouse, the floor install, identity). Slow: a
-    rebuild (an oracle install) and four engine starts are what these figures measure."""
+    on the CPU oracle, and recovery.py (a rebuild from the wheelhouse, the floor install,
+    identity) on the small locked pin. Slow: four engine starts are what ci_speed's figures
+    measure."""
     out = bench("all.py", "--quick", "--golden", str(host_golden), "--work",
-                str(tmp_path / "work"),
+                str(tmp_path / "work"), "--pin", str(small_oracle.pin),
                 env={"ORACLE_BUILD_HOME": str(cpu_oracle.home),
-                     "ORACLE_BUILD_WHEELHOUSE": str(cpu_oracle.wheelhouse)})
+                     "ORACLE_BUILD_WHEELHOUSE": str(small_oracle.wheelhouse)})
+    assert f"recovery benchmark, pin {load_pin(small_oracle.pin).key}" in out
     for label in ("(1) bare engine run", "(2) verify, CLI", "(4) bare engine run",
                   "capture, CLI", "(5) verify's own work", "(b) rebuild", "(c) floor",
                   "(d) identity check", "bare `import vllm`"):
@@ -75,13 +105,16 @@ def test_speed_and_recovery_quick(cpu_oracle: BuiltOracle, host_golden: Path,
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_cache_quick(cpu_oracle: BuiltOracle, tmp_path: Path) -> None:
-    """cache.py --quick against a real registry: push twice, a recovery from it and its
-    floor, the peak RSS of a pull and of one blob. Slow: a push of the oracle's 1.3 GB and a
-    recovery (an oracle install) are what it measures."""
-    out = bench("cache.py", "--quick", "--work", str(tmp_path / "work"),
-                env={"ORACLE_BUILD_HOME": str(cpu_oracle.home),
-                     "ORACLE_BUILD_WHEELHOUSE": str(cpu_oracle.wheelhouse)})
+def test_cache_quick(small_oracle: SmallOracle, tmp_path: Path) -> None:
+    """cache.py --quick against a real registry, on the small locked pin's oracle: push
+    twice, a recovery from it and its floor, the peak RSS of a pull and of one 64 MiB blob.
+    Slow: a real registry, a real build from the cache."""
+    out = bench("cache.py", "--quick", "--work", str(tmp_path / "work"), "--pin",
+                str(small_oracle.pin),
+                env={"ORACLE_BUILD_HOME": str(small_oracle.home),
+                     "ORACLE_BUILD_WHEELHOUSE": str(small_oracle.wheelhouse)})
+    assert f"pin {load_pin(small_oracle.pin).key}, registry" in out
+    assert "pull of the oracle (2 wheels)" in out  # the lock's wheel and the built one
     for label in ("(p1) push", "(p2) push again"):
         line = next(ln for ln in out.splitlines() if ln.startswith(label))
         assert float(line.split()[-2]) > 0, line
