@@ -42,6 +42,7 @@ from packaging.utils import parse_wheel_filename  # noqa: E402
 from oracle_build.cache.ref import parse, tag_for  # noqa: E402
 from oracle_build.cache.registry import Registry  # noqa: E402
 from oracle_build.cache.signing import generate  # noqa: E402
+from oracle_build.contracts.lock import LockEntry  # noqa: E402
 from oracle_build.contracts.pins import load_pin  # noqa: E402
 from oracle_build.core import env as envmod  # noqa: E402
 from oracle_build.core import layout  # noqa: E402
@@ -119,9 +120,10 @@ def main() -> int:
                   for d in manifest["layers"]]
         req = work / "req.txt"
         # what the recovery installs: the artifact's wheels, each by its layer's digest
+        wheels = [(parse_wheel_filename(title), digest) for title, digest in layers]
         req.write_text("".join(
-            f"{parse_wheel_filename(title)[0]}=={parse_wheel_filename(title)[1]} "
-            f"--hash={digest}\n" for title, digest in layers))
+            LockEntry(str(name), str(version), (digest.removeprefix("sha256:"),))
+            .requirement_line() + "\n" for (name, version, _b, _t), digest in wheels))
         env = {**envmod.build_env(), **envmod.UV}
         neutral = Path(tempfile.mkdtemp(prefix="neutral-"))
         rs: list[float] = []

@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from oracle_build import identity  # noqa: E402
+from oracle_build.contracts.lock import LockEntry  # noqa: E402
 from oracle_build.contracts.pins import load_pin  # noqa: E402
 from oracle_build.core import env as envmod  # noqa: E402
 from oracle_build.core import layout  # noqa: E402
@@ -75,7 +76,7 @@ def link_or_copy(src: str, dst: str) -> None:
 def requirements(record: dict[str, Any]) -> str:
     """What an oracle's build installed, as hash-checked requirement lines (its build
     record's distributions: every wheel's name, version and sha256), for the floor."""
-    return "".join(f"{d['name']}=={d['version']} --hash=sha256:{d['sha256']}\n"
+    return "".join(LockEntry(d["name"], d["version"], (d["sha256"],)).requirement_line() + "\n"
                    for d in record["distributions"])
 
 

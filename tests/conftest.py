@@ -192,13 +192,18 @@ def captured(cpu_oracle: BuiltOracle) -> Captured:
     return Captured(cpu_oracle, path)
 
 
-def git_pin_text(repository: str, commit: str, version: str, extra: str = "") -> str:
-    """A git pin for a small test package (no dependencies, an import check only)."""
+UNESTABLISHED_LOCK = '{ status = "unestablished", reason = "a test package with no dependencies" }'
+
+
+def git_pin_text(repository: str, commit: str, version: str, extra: str = "",
+                 lock: str = UNESTABLISHED_LOCK) -> str:
+    """A git pin for a small test package (no dependencies, an import check only); ``lock``
+    is the pin's `lock` value (a TOML value: a quoted file name establishes one)."""
     return f"""
 schema = 1
 id = "srcpkg"
 python = "3.11"
-lock = {{ status = "unestablished", reason = "a test package with no dependencies" }}
+lock = {lock}
 
 [vllm]
 kind = "git"

@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import git_pin_text
+from tests.conftest import UNESTABLISHED_LOCK, git_pin_text
 
 SETUP_PY = """
 from setuptools import Extension, setup
@@ -84,10 +84,11 @@ def make_repo(path: Path) -> Repo:
 
 
 def write_pin(tmp_path: Path, repo: Repo, *, commit: str | None = None,
-              repository: str | None = None, version: str | None = None) -> Path:
+              repository: str | None = None, version: str | None = None,
+              lock: str = UNESTABLISHED_LOCK) -> Path:
     path = tmp_path / "srcpkg.toml"
     path.write_text(git_pin_text(repository or str(repo.path), commit or repo.pinned,
-                                 version or repo.version))
+                                 version or repo.version, lock=lock))
     return path
 
 
@@ -100,12 +101,6 @@ def write_locked_pin(tmp_path: Path, repo: Repo) -> Path:
     """The small package's pin with an established lock (one real wheel, fetched from the
     index like any locked wheel), so that its oracle can be pushed to and pulled from a
     cache: the benchmarks' quick modes rebuild, push and recover it in seconds."""
-    path = write_pin(tmp_path, repo)
-    text = path.read_text()
-    unestablished = 'lock = { status = "unestablished", reason = "a test package with no ' \
-        'dependencies" }'
-    assert unestablished in text
-    path.write_text(text.replace(unestablished, 'lock = "srcpkg.lock.txt"'))
     (tmp_path / "srcpkg.lock.txt").write_text(
         "# Hash-locked dependencies of pin 'srcpkg' (a test's)\n" + LOCKED_WHEEL + "\n")
-    return path
+    return write_pin(tmp_path, repo, lock='"srcpkg.lock.txt"')
