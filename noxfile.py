@@ -44,6 +44,11 @@ nox.options.error_on_missing_interpreters = True
 PYTHON = None  # the interpreter nox runs on
 MIN_PYTHON = (3, 11)
 EXIT_PREFLIGHT = 6
+# The suite on two workers: on a 2-core machine most of a slow test keeps one core busy, so
+# two tests at once halve the run (docs/performance.md); whole files per worker keep a
+# file's module fixtures on one; the engines still take turns (tests/conftest.py). A later
+# `-n` in the posargs wins (`nox -s tests -- -n 0`: one process).
+TEST_WORKERS = ("-n", "2", "--dist", "loadfile")
 
 
 def _run(session: nox.Session, *args: str) -> None:
@@ -271,6 +276,9 @@ def system_setup(log: Callable[[str], None]) -> int:
 def tests(session: nox.Session) -> None:
     """Run the tests, slow ones included (`-- -m "not slow"` for the fast ones only).
 
+    Two workers (pytest-xdist, `-n 2 --dist loadfile`: whole files, heaviest first), one
+    engine at a time across them; `-- -n 0` runs in one process.
+
     First installs what the suite runs and Python cannot install: Debian's docker-registry,
     apache2-utils (htpasswd) and chromium, with apt-get where they are missing (as root or
     through `sudo -n`); elsewhere it stops (exit 6) naming each and how to install it.
@@ -279,7 +287,7 @@ def tests(session: nox.Session) -> None:
     if code:
         raise SystemExit(code)
     _harness(session, "-e", ".[test]")
-    _run(session, "pytest", *session.posargs)
+    _run(session, "pytest", *TEST_WORKERS, *session.posargs)
 
 
 @nox.session(python=PYTHON)

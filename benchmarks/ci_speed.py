@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,6 +45,7 @@ from oracle_build.contracts.spec import load_spec  # noqa: E402
 from oracle_build.contracts.topk import TopKTable  # noqa: E402
 from oracle_build.core import env as envmod  # noqa: E402
 from oracle_build.core import layout  # noqa: E402
+from oracle_build.core.filelock import held  # noqa: E402
 from oracle_build.goldens import publish  # noqa: E402
 from oracle_build.models import recorded_model  # noqa: E402
 from oracle_build.oracles import engine_env, open_oracle  # noqa: E402
@@ -65,11 +67,16 @@ for run in req["runs"]:
 """
 
 
-def timed(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path = REPO) -> float:
-    start = time.monotonic()
-    done = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, check=False)
-    seconds = time.monotonic() - start
+def timed(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path = REPO,
+          engine_lock: Path | None = None) -> float:
+    """``engine_lock``: a bare engine run takes the engine lock the tool's own runs take
+    (one engine at a time per home, or per host with ORACLE_BUILD_ENGINE_LOCK); the time
+    counts from when it holds it."""
+    with held(engine_lock, what="a bare vLLM engine") if engine_lock else nullcontext():
+        start = time.monotonic()
+        done = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, check=False)
+        seconds = time.monotonic() - start
     if done.returncode != 0:
         raise SystemExit(f"{argv} exited {done.returncode}:\n{done.stderr[-3000:]}")
     return seconds
@@ -134,6 +141,7 @@ def main() -> int:
     req1, env, python = bare_request(args.home, 1, work, args.golden)
     req2, _, _ = bare_request(args.home, 2, work, args.golden)
     golden = str(args.golden)
+    lock = layout.engine_lock(args.home)
     if not args.quick:
         timed([*cli, "verify", golden, "--home", str(args.home)])
     if not args.skip_nox:
@@ -144,14 +152,14 @@ def main() -> int:
     spec = load_spec(GOLDEN / "spec.toml")
     for n in range(args.runs):
         rows["bare_1leg"].append(timed([str(python), "-I", "-B", "-c", BARE, str(req1)], env=env,
-                                       cwd=neutral))
+                                       cwd=neutral, engine_lock=lock))
         rows["verify_cli"].append(timed([*cli, "verify", golden, "--home",
                                          str(args.home)]))
         if not args.skip_nox:
             rows["verify_nox"].append(timed([*nox, "verify", "--", golden, "--home",
                                              str(args.home)]))
         rows["bare_2legs"].append(timed([str(python), "-I", "-B", "-c", BARE, str(req2)], env=env,
-                                        cwd=neutral))
+                                        cwd=neutral, engine_lock=lock))
         out = work / f"cap-cli-{n}"
         rows["capture_cli"].append(timed([*cli, "capture", str(GOLDEN), "--out", str(out),
                                           "--home", str(args.home)]))

@@ -9,6 +9,8 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,20 +64,81 @@ def site_packages(venv: Path) -> Path:
 # A passing test's tmp_path goes at its teardown and a failing one's is kept for inspection
 # (pyproject.toml: tmp_path_retention_policy = "failed"; an oracle is 3.4 GB).
 
+# Two workers (pytest-xdist; `nox -s tests` passes `-n 2 --dist loadfile`): on these 2-core
+# machines most of a slow test is one busy core (vLLM's import, an engine that serves on one
+# torch thread, hashing, unpacking), so two tests at once use the second. What they share:
+# - one engine at a time on the host, whichever worker or home starts it: every engine the
+#   tool starts (and a benchmark's bare one) holds ORACLE_BUILD_ENGINE_LOCK, which the run
+#   sets once, for every worker, to a lock file in SHARED;
+# - the session warm-ups that write where every worker reads (the default wheelhouse, the
+#   JUnit schema's download) take turns through a lock file in SHARED, as cibuildwheel's
+#   tests share their warm-up;
+# - nothing else: each worker builds its own session oracle in a home of its own.
+# SHARED is made by the process that starts the run (the controller, or a plain pytest) and
+# inherited by its workers, which start after pytest_configure.
+SHARED_ENV = "ORACLE_BUILD_TEST_SHARED"
+ENGINE_LOCK_ENV = "ORACLE_BUILD_ENGINE_LOCK"
+_OWN_SHARED: list[Path] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get(SHARED_ENV):
+        shared = Path(os.environ[SHARED_ENV])
+    elif hasattr(config, "workerinput"):
+        raise pytest.UsageError(f"an xdist worker without ${SHARED_ENV}: its engines could "
+                                "overlap another worker's")
+    else:
+        shared = Path(tempfile.mkdtemp(prefix="oracle-build-tests-"))
+        os.environ[SHARED_ENV] = str(shared)
+        _OWN_SHARED.append(shared)
+    os.environ.setdefault(ENGINE_LOCK_ENV, str(shared / "engine.lock"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for shared in _OWN_SHARED:
+        shutil.rmtree(shared, ignore_errors=True)
+        os.environ.pop(SHARED_ENV, None)
+        if os.environ.get(ENGINE_LOCK_ENV) == str(shared / "engine.lock"):
+            os.environ.pop(ENGINE_LOCK_ENV)
+
+
+def taking_turns(what: str) -> Any:
+    """A lock every worker of this run shares, for a warm-up that writes where all read."""
+    from oracle_build.core.filelock import held
+
+    return held(Path(os.environ[SHARED_ENV]) / f"{what}.lock", what=what)
+
+
 # Per-test time limits (pytest-timeout, pyproject.toml's default for a test that starts an
 # engine or two): a hang fails that test, with its stack, not the whole run. The session
 # fixtures build in whichever test first asks for them: that test gets the build's budget.
+# With two workers taking whole files (`--dist loadfile`), any file may be a worker's first
+# to need the session's oracle: the first such test of each file gets it.
 FIRST_BUILD_TIMEOUT = 3600
 FILE_TIMES: dict[str, float] = {}
+# Files in the order their work is handed out, heaviest first (seconds in the last measured
+# run: docs/performance.md), so that two workers end together instead of one waiting on the
+# other's last long file; a file not named here comes after them (the fast ones).
+HEAVY_FIRST = ["test_faults.py", "test_oracle_cpu.py", "test_cache.py", "test_benchmarks.py",
+               "test_oracle_change.py", "test_capture.py", "test_analyze.py",
+               "test_numerics.py", "test_forging.py", "test_gate_host.py", "test_explain.py",
+               "test_verify.py", "test_portable.py", "test_wheelhouse.py", "test_html.py",
+               "test_variants.py"]
+RUN_START = time.monotonic()
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    first = next((i for i in items if "cpu_oracle" in getattr(i, "fixturenames", ())), None)
-    if first is not None:
-        marker = first.get_closest_marker("timeout")
+    rank = {name: n for n, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable within a file
+    seen: set[Path] = set()
+    for item in items:
+        if "cpu_oracle" not in getattr(item, "fixturenames", ()) or item.path in seen:
+            continue
+        seen.add(item.path)
+        marker = item.get_closest_marker("timeout")
         own = float(marker.args[0]) if marker and marker.args else 0.0
-        first.add_marker(pytest.mark.timeout(FIRST_BUILD_TIMEOUT + own))
+        item.add_marker(pytest.mark.timeout(FIRST_BUILD_TIMEOUT + own))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -84,14 +147,16 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Wall time per test file (setup, call and teardown of its tests; a session fixture's
-    build counts in the file whose test first asked for it), beside --durations."""
+    """Time per test file (setup, call and teardown of its tests; a session fixture's build
+    counts in the file whose test first asked for it on that worker), beside --durations,
+    and the run's wall time: with two workers the files' times add up to more than it."""
     if not FILE_TIMES:
         return
     terminalreporter.write_sep("=", "time per test file")
     for path, seconds in sorted(FILE_TIMES.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"{seconds:8.1f}s  {path}")
-    terminalreporter.write_line(f"{sum(FILE_TIMES.values()):8.1f}s  all files")
+    terminalreporter.write_line(f"{sum(FILE_TIMES.values()):8.1f}s  all files, added up")
+    terminalreporter.write_line(f"{time.monotonic() - RUN_START:8.1f}s  the run's wall time")
 
 
 @pytest.fixture(autouse=True)
@@ -116,7 +181,10 @@ def cpu_oracle(tmp_path_factory: pytest.TempPathFactory) -> BuiltOracle:
     home = tmp_path_factory.mktemp("oracle-home")
     pin = load_pin(CPU_PIN)
     wheelhouse = shared_wheelhouse()
-    outcome = build.build_oracle(pin, "cpu", home=home, wheelhouse_root=wheelhouse)
+    # every worker's build fills the shared wheelhouse on a fresh machine: one at a time
+    # (the next finds every wheel there, hash-checked, and only installs)
+    with taking_turns("session oracle build"):
+        outcome = build.build_oracle(pin, "cpu", home=home, wheelhouse_root=wheelhouse)
     return BuiltOracle(pin, home, wheelhouse, layout.oracle_path(home, pin.key), outcome)
 
 
@@ -307,24 +375,29 @@ JUNIT_MEMBER = "pytest-8.3.4/testing/example_scripts/junit-10.xsd"
 
 @pytest.fixture(scope="session")
 def junit_xsd() -> Path:
-    import sys
-    import tarfile
-
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / \
         "oracle-build-tests" / JUNIT_SDIST[1][:16]
     xsd = cache / "junit-10.xsd"
-    if not xsd.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        req = cache / "requirements.txt"
-        req.write_text(f"{JUNIT_SDIST[0]} --hash=sha256:{JUNIT_SDIST[1]}\n")
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
-                        ":all:", "--require-hashes", "-q", "-r", str(req), "-d", str(cache)],
-                       check=True, timeout=300)
-        with tarfile.open(cache / "pytest-8.3.4.tar.gz") as tar:
-            member = tar.extractfile(JUNIT_MEMBER)
-            assert member is not None
-            xsd.write_bytes(member.read())
+    with taking_turns("the JUnit schema's download"):
+        if not xsd.exists():
+            fetch_junit_xsd(cache, xsd)
     return xsd
+
+
+def fetch_junit_xsd(cache: Path, xsd: Path) -> None:
+    import sys
+    import tarfile
+
+    cache.mkdir(parents=True, exist_ok=True)
+    req = cache / "requirements.txt"
+    req.write_text(f"{JUNIT_SDIST[0]} --hash=sha256:{JUNIT_SDIST[1]}\n")
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
+                    ":all:", "--require-hashes", "-q", "-r", str(req), "-d", str(cache)],
+                   check=True, timeout=300)
+    with tarfile.open(cache / "pytest-8.3.4.tar.gz") as tar:
+        member = tar.extractfile(JUNIT_MEMBER)
+        assert member is not None
+        xsd.write_bytes(member.read())
 
 
 def golden_says(doc: dict[str, Any], prompt: int, position: int, token: int, *,

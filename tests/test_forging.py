@@ -213,7 +213,8 @@ def test_no_environment_value_prints_a_verdict(tmp_path: Path, monkeypatch: pyte
     names = ["ORACLE_BUILD_HOME", "ORACLE_BUILD_PIN", "ORACLE_BUILD_WHEELHOUSE",
              "ORACLE_BUILD_CACHE", "ORACLE_BUILD_SIGNING_KEY", "ORACLE_BUILD_TRUSTED_KEYS",
              "ORACLE_BUILD_CACHE_TOKEN", "ORACLE_BUILD_CACHE_USERNAME", "ORACLE_BUILD_CPU_HOLD",
-             "ORACLE_BUILD_MIN_FREE_GIB", "ORACLE_BUILD_VLLM_MIRROR", "ORACLE_BUILD_EXTERNALS"]
+             "ORACLE_BUILD_MIN_FREE_GIB", "ORACLE_BUILD_VLLM_MIRROR", "ORACLE_BUILD_EXTERNALS",
+             "ORACLE_BUILD_ENGINE_LOCK"]
     for name in names:
         with monkeypatch.context() as m:
             m.setenv(name, PAYLOAD)

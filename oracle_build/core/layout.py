@@ -10,7 +10,7 @@ formats. Every path the tool writes is spelled here, once.
     <home>/wheelhouse/<pin key>/              wheels (default; ORACLE_BUILD_WHEELHOUSE)
     <home>/models/<name>/                     generated models
     <home>/logs/<what>-<name>-<stamp>.log     engine logs
-    <home>/locks/                             advisory locks
+    <home>/locks/                             advisory locks (the engine's: ORACLE_BUILD_ENGINE_LOCK)
     <home>/captures/<stamp>/, <home>/explain/ default outputs
 """
 
@@ -106,8 +106,11 @@ def build_lock(home: Path, pin_key: str) -> Path:
 
 
 def engine_lock(home: Path) -> Path:
-    """One engine at a time per oracle home: two engines can exhaust a host's memory."""
-    return home / "locks" / "engine.lock"
+    """One engine at a time per oracle home: two engines can exhaust a host's memory.
+    ``ORACLE_BUILD_ENGINE_LOCK`` names one lock file for every home on the host instead (a
+    gate host shared by several checkouts or CI jobs, each with a home of its own)."""
+    env = tool_variable("ORACLE_BUILD_ENGINE_LOCK")
+    return Path(env).expanduser().resolve() if env else home / "locks" / "engine.lock"
 
 
 def golden_lock(home: Path, golden: Path) -> Path:
