@@ -45,10 +45,11 @@ PYTHON = None  # the interpreter nox runs on
 MIN_PYTHON = (3, 11)
 EXIT_PREFLIGHT = 6
 # The suite on two workers: on a 2-core machine most of a slow test keeps one core busy, so
-# two tests at once halve the run (docs/performance.md); whole files per worker keep a
-# file's module fixtures on one; the engines still take turns (tests/conftest.py). A later
-# `-n` in the posargs wins (`nox -s tests -- -n 0`: one process).
-TEST_WORKERS = ("-n", "2", "--dist", "loadfile")
+# two tests at once use the second (docs/performance.md). Whole files per worker, so a
+# file's module fixtures are built once, heaviest first (tests/conftest.py: the order, which
+# `--no-loadscope-reorder` keeps); the engines still take turns. A later `-n` in the posargs
+# wins (`nox -s tests -- -n 0`: one process).
+TEST_WORKERS = ("-n", "2", "--dist", "loadfile", "--no-loadscope-reorder")
 
 
 def _run(session: nox.Session, *args: str) -> None:
@@ -276,8 +277,8 @@ def system_setup(log: Callable[[str], None]) -> int:
 def tests(session: nox.Session) -> None:
     """Run the tests, slow ones included (`-- -m "not slow"` for the fast ones only).
 
-    Two workers (pytest-xdist, `-n 2 --dist loadfile`: whole files, heaviest first), one
-    engine at a time across them; `-- -n 0` runs in one process.
+    Two workers (pytest-xdist: whole files, heaviest first), one engine at a time across
+    them; `-- -n 0` runs in one process.
 
     First installs what the suite runs and Python cannot install: Debian's docker-registry,
     apache2-utils (htpasswd) and chromium, with apt-get where they are missing (as root or

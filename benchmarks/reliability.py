@@ -1,6 +1,6 @@
 """Run the fault and bad-input suite and write its figures into docs/reliability.md.
 
-    python benchmarks/reliability.py            # runs tests/test_fuzz.py and tests/test_faults.py
+    python benchmarks/reliability.py            # test_fuzz.py, test_faults.py, test_faults_cpu_pin.py
     python benchmarks/reliability.py --quick --doc OUT.md
         # CI: test_fuzz.py and test_faults.py's fast case only, rendered into OUT.md (a copy
         # of docs/reliability.md; the real page is written only by the full run)
@@ -60,7 +60,8 @@ def main() -> int:
     out = scratch / "figures.json"
     env = {**os.environ, "ORACLE_BUILD_RELIABILITY_OUT": str(out)}
     tests = (["tests/test_fuzz.py", "tests/test_faults.py::test_no_field_ever_reaches_a_shell"]
-             if args.quick else ["tests/test_fuzz.py", "tests/test_faults.py"])
+             if args.quick else ["tests/test_fuzz.py", "tests/test_faults.py",
+                                 "tests/test_faults_cpu_pin.py"])
     # a pytest of its own: its own basetemp, so it never prunes a calling suite's folders
     code = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            f"--basetemp={scratch / 'tmp'}", *tests], cwd=REPO, env=env,

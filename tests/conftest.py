@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from oracle_build import build
+from oracle_build import build, manifest
 from oracle_build.contracts.pins import Pin, load_pin
 from oracle_build.core import layout
 
@@ -116,14 +116,16 @@ def taking_turns(what: str) -> Any:
 # to need the session's oracle: the first such test of each file gets it.
 FIRST_BUILD_TIMEOUT = 3600
 FILE_TIMES: dict[str, float] = {}
-# Files in the order their work is handed out, heaviest first (seconds in the last measured
-# run: docs/performance.md), so that two workers end together instead of one waiting on the
-# other's last long file; a file not named here comes after them (the fast ones).
-HEAVY_FIRST = ["test_faults.py", "test_oracle_cpu.py", "test_cache.py", "test_benchmarks.py",
-               "test_oracle_change.py", "test_capture.py", "test_analyze.py",
-               "test_numerics.py", "test_forging.py", "test_gate_host.py", "test_explain.py",
-               "test_verify.py", "test_portable.py", "test_wheelhouse.py", "test_html.py",
-               "test_variants.py"]
+# Files in the order their work is handed out, heaviest first (seconds summed in the last
+# measured run: docs/performance.md), so that two workers end together instead of one
+# waiting on the other's last long file; a file not named here comes after them (the fast
+# ones). `--no-loadscope-reorder` keeps this order (xdist's own puts the most tests first).
+HEAVY_FIRST = ["test_oracle_cpu.py", "test_cache.py", "test_faults_cpu_pin.py",
+               "test_faults.py", "test_capture.py", "test_benchmarks.py",
+               "test_oracle_change.py", "test_explain.py", "test_numerics.py",
+               "test_gate_host.py", "test_portable.py", "test_verify.py", "test_forging.py",
+               "test_analyze.py", "test_wheelhouse.py", "test_html.py", "test_variants.py",
+               "test_source.py"]
 RUN_START = time.monotonic()
 
 
@@ -177,15 +179,31 @@ class BuiltOracle:
 
 @pytest.fixture(scope="session")
 def cpu_oracle(tmp_path_factory: pytest.TempPathFactory) -> BuiltOracle:
-    """The real CPU oracle, built once per session through build_oracle itself."""
-    home = tmp_path_factory.mktemp("oracle-home")
+    """The real CPU oracle, built once per run through build_oracle itself, in a home in
+    SHARED (every worker's tests may read it until the run ends). Another worker publishes a
+    hard-linked copy of it and its anchor in a home of its own (`linked_copy`: seconds, not
+    a second install; one page cache for both) and re-checks it there through build_oracle:
+    identity, every file hashed, nothing rebuilt. Its tests then never touch the first
+    worker's home, only the same files."""
     pin = load_pin(CPU_PIN)
     wheelhouse = shared_wheelhouse()
-    # every worker's build fills the shared wheelhouse on a fresh machine: one at a time
-    # (the next finds every wheel there, hash-checked, and only installs)
+    shared_home = Path(os.environ[SHARED_ENV]) / "oracle-home"
+    built = layout.oracle_path(shared_home, pin.key)
     with taking_turns("session oracle build"):
+        if not built.exists():  # the run's first: build it
+            outcome = build.build_oracle(pin, "cpu", home=shared_home,
+                                         wheelhouse_root=wheelhouse)
+            return BuiltOracle(pin, shared_home, wheelhouse, built, outcome)
+        home = tmp_path_factory.mktemp("oracle-home")
+        venv = layout.oracle_path(home, pin.key)
+        venv.parent.mkdir(parents=True)
+        if home.stat().st_dev == built.stat().st_dev:  # else no links: build
+            linked_copy(built, venv)
+            anchor = manifest.anchor_path(built)
+            shutil.copy2(anchor, manifest.anchor_path(venv))
         outcome = build.build_oracle(pin, "cpu", home=home, wheelhouse_root=wheelhouse)
-    return BuiltOracle(pin, home, wheelhouse, layout.oracle_path(home, pin.key), outcome)
+    assert outcome.identity.ok, outcome.identity.mismatches
+    return BuiltOracle(pin, home, wheelhouse, venv, outcome)
 
 
 def linked_copy(src: Path, dest: Path) -> Path:
@@ -226,7 +244,6 @@ def scratch_venv(cpu_oracle: BuiltOracle, tmp_path: Path) -> Iterator[Path]:
 def assert_session_oracle_unchanged(oracle: BuiltOracle) -> None:
     """After a test that had a linked copy: every file of the session's oracle as its
     manifest says (size and mtime, its hash where they moved), none added or gone."""
-    from oracle_build import manifest
 
     files, problems = manifest.load(oracle.venv)
     assert files is not None and not problems, problems

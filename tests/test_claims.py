@@ -85,6 +85,18 @@ def test_no_wait_refuses_while_another_build_holds_the_lock(
     assert not (home / "staging").exists()
 
 
+def test_engine_lock_is_the_homes_or_one_for_the_host(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """One engine at a time per home, or per host: ORACLE_BUILD_ENGINE_LOCK names one lock
+    file for every home (the engine waits on it: test_faults holds it against a verify)."""
+    monkeypatch.delenv("ORACLE_BUILD_ENGINE_LOCK", raising=False)
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert layout.engine_lock(a) == a / "locks" / "engine.lock"
+    assert layout.engine_lock(a) != layout.engine_lock(b)
+    monkeypatch.setenv("ORACLE_BUILD_ENGINE_LOCK", str(tmp_path / "host" / "engine.lock"))
+    assert layout.engine_lock(a) == layout.engine_lock(b) == tmp_path / "host" / "engine.lock"
+
+
 def _dry_run(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
     assert main(["build", "--dry-run", "--json", *args]) == 0
     data: dict[str, Any] = json.loads(capsys.readouterr().out)

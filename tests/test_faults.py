@@ -25,6 +25,7 @@ from oracle_build.cli import main
 from oracle_build.contracts.golden import load_golden
 from oracle_build.contracts.pins import Pin, load_pin
 from oracle_build.core import layout
+from oracle_build.core.filelock import held
 from tests.conftest import CPU_PIN, REPO, TINY_SPEC, BuiltOracle, reliability, site_packages
 from tests.srcpkg import make_repo, write_pin
 
@@ -217,29 +218,6 @@ def kill_every_step(args: list[str], pin: Pin, home: Path, plan_steps: list[str]
     assert done.stdout.strip().endswith(identity.OK_LINE)
 
 
-# The CPU pin's steps where its size (1.3 GB of wheels, a 3.4 GB venv) changes what a kill
-# meets: the wheelhouse's hashing, the install's 3.4 GB of writes, identity's hashing of
-# every file beside the probe. Every step of a build, publish and the source steps included,
-# is killed on the small source package (test_source_build_killed_at_every_step_...).
-REAL_PIN_STEPS = ["preflight", "venv", "fetch", "install", "identity"]
-
-
-@pytest.mark.timeout(2400)
-def test_build_killed_at_every_step_then_recovers(cpu_oracle: BuiltOracle,
-                                                  tmp_path: Path) -> None:
-    """The real CPU pin killed in each step where its size matters. Slow: a kill inside
-    identity first needs a whole install (about a minute) before it."""
-    home = tmp_path / "home"
-    args = ["build", "--pin", str(CPU_PIN), "--home", str(home), "--wheelhouse",
-            str(cpu_oracle.wheelhouse)]
-    assert [s.name for s in build.plan(cpu_oracle.pin, "cpu", home=home,
-                                       wheelhouse_root=cpu_oracle.wheelhouse).steps] \
-        == BUILD_STEPS
-    record = json.loads((cpu_oracle.venv / "oracle-build" / "build-record.json").read_text())
-    kill_every_step(args, cpu_oracle.pin, home, BUILD_STEPS, record["timings"],
-                    seed=20261130, label="build_oracle", steps=REAL_PIN_STEPS)
-
-
 def small_source_build(tmp_path: Path) -> tuple[Path, Pin, Path, Path, list[str], list[str]]:
     """The small source package in a git repository under ``tmp_path``: its pin (path and
     loaded), a home and a wheelhouse there, the `build` arguments and the plan's steps."""
@@ -284,7 +262,7 @@ def test_killed_build_leaves_no_oracle_and_recovers(tmp_path: Path, sig: int,
     package's build (seconds). It was the CPU pin's, an install (about a minute) before each
     kill and a rebuild after: the CPU pin's kills in install and identity, with these same
     checks (exit code, no oracle, identity exit 7, the staging folder and its log kept) and
-    the recovering build, are in test_build_killed_at_every_step_then_recovers."""
+    the recovering build, are in test_faults_cpu_pin.py."""
     pin_path, pin, home, _wheelhouse, args, steps = small_source_build(tmp_path)
     phases = build_phases(steps)
     marker = next(m for m, n in phases.items() if n == step)
@@ -373,6 +351,31 @@ def test_two_captures_one_golden_and_verify_alongside(cpu_oracle: BuiltOracle,
     assert (TINY_SPEC / "golden.json").read_bytes() == before
     reliability("concurrency", "two captures of one spec")
     reliability("concurrency", "verify while a capture runs")
+
+
+def test_an_engine_waits_for_the_host_wide_engine_lock(cpu_oracle: BuiltOracle,
+                                                       host_golden: Path) -> None:
+    """ORACLE_BUILD_ENGINE_LOCK (set by this run for all its workers, as a gate host shared
+    by several homes sets it): while another process holds it, a verify proves identity,
+    says it waits, and starts no engine; released, it runs and passes. Slow: one engine
+    start."""
+    lock = layout.engine_lock(cpu_oracle.home)
+    assert lock == Path(os.environ["ORACLE_BUILD_ENGINE_LOCK"]).resolve()
+    assert not lock.is_relative_to(cpu_oracle.home)  # the host's, not the home's own
+    with held(lock, what="this test"):
+        run = Watched(["verify", str(host_golden), "--home", str(cpu_oracle.home)])
+        try:
+            run.wait_for(f"holds {lock} for a vLLM engine")
+            time.sleep(1.0)
+            assert run.proc.poll() is None
+            assert not any("starting its engine" in line for line in run.lines), run.lines
+        except BaseException:
+            run.close(kill=True)
+            raise
+    run.close()
+    assert run.proc.returncode == 0, "".join(run.lines[-30:])
+    assert any("starting its engine" in line for line in run.lines)
+    reliability("concurrency", "an engine waits for the host-wide engine lock")
 
 
 @contextmanager

@@ -10,7 +10,7 @@ formats. Every path the tool writes is spelled here, once.
     <home>/wheelhouse/<pin key>/              wheels (default; ORACLE_BUILD_WHEELHOUSE)
     <home>/models/<name>/                     generated models
     <home>/logs/<what>-<name>-<stamp>.log     engine logs
-    <home>/locks/                             advisory locks (the engine's: ORACLE_BUILD_ENGINE_LOCK)
+    <home>/locks/                             advisory locks (the engine lock: see engine_lock)
     <home>/captures/<stamp>/, <home>/explain/ default outputs
 """
 
