@@ -1,6 +1,6 @@
 """Run the fault and bad-input suite and write its figures into docs/reliability.md.
 
-    python benchmarks/reliability.py            # test_fuzz.py, test_faults.py, test_faults_cpu_pin.py
+    python benchmarks/reliability.py       # test_fuzz.py, test_faults.py, test_faults_cpu_pin.py
     python benchmarks/reliability.py --quick --doc OUT.md
         # CI: test_fuzz.py and test_faults.py's fast case only, rendered into OUT.md (a copy
         # of docs/reliability.md; the real page is written only by the full run)
