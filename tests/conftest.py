@@ -70,12 +70,15 @@ def site_packages(venv: Path) -> Path:
 # - one engine at a time on the host, whichever worker or home starts it: every engine the
 #   tool starts (and a benchmark's bare one) holds ORACLE_BUILD_ENGINE_LOCK, which the run
 #   sets once, for every worker, to a lock file in SHARED;
-# - the session warm-ups that write where every worker reads (the default wheelhouse, the
-#   JUnit schema's download) take turns through a lock file in SHARED, as cibuildwheel's
-#   tests share their warm-up;
-# - nothing else: each worker builds its own session oracle in a home of its own.
+# - the session warm-ups, in turns through a lock file in SHARED, as cibuildwheel's tests
+#   share theirs: the session oracle, built once in a home in SHARED (another worker
+#   re-checks a hard-linked copy of it in a home of its own: `cpu_oracle`), which fills the
+#   default wheelhouse on a fresh machine, and the JUnit schema's download;
+# - nothing else: every other home and folder is a test's or a worker's own.
 # SHARED is made by the process that starts the run (the controller, or a plain pytest) and
-# inherited by its workers, which start after pytest_configure.
+# inherited by its workers, which start after pytest_configure. A passing run removes it; a
+# failing one keeps it (the session oracle's build log), as pytest keeps a failing run's
+# folders.
 SHARED_ENV = "ORACLE_BUILD_TEST_SHARED"
 ENGINE_LOCK_ENV = "ORACLE_BUILD_ENGINE_LOCK"
 _OWN_SHARED: list[Path] = []
@@ -92,6 +95,11 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[SHARED_ENV] = str(shared)
         _OWN_SHARED.append(shared)
     os.environ.setdefault(ENGINE_LOCK_ENV, str(shared / "engine.lock"))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if exitstatus != 0:
+        _OWN_SHARED.clear()  # kept for inspection
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -244,7 +252,6 @@ def scratch_venv(cpu_oracle: BuiltOracle, tmp_path: Path) -> Iterator[Path]:
 def assert_session_oracle_unchanged(oracle: BuiltOracle) -> None:
     """After a test that had a linked copy: every file of the session's oracle as its
     manifest says (size and mtime, its hash where they moved), none added or gone."""
-
     files, problems = manifest.load(oracle.venv)
     assert files is not None and not problems, problems
     check = manifest.check(oracle.venv, files)
