@@ -19,7 +19,7 @@ from oracle_build.cli import main
 from oracle_build.contracts.golden import ReadValue, load_golden, recorded
 from oracle_build.contracts.pins import load_pin
 from oracle_build.core import layout
-from oracle_build.core.errors import PreflightFailed
+from oracle_build.core.errors import OutputFailed, PreflightFailed
 from oracle_build.core.filelock import held
 from oracle_build.judge import config_diffs
 from tests.conftest import CPU_PIN, REPO, TINY_SPEC, git_pin_text
@@ -95,6 +95,14 @@ def test_engine_lock_is_the_homes_or_one_for_the_host(tmp_path: Path,
     assert layout.engine_lock(a) != layout.engine_lock(b)
     monkeypatch.setenv("ORACLE_BUILD_ENGINE_LOCK", str(tmp_path / "host" / "engine.lock"))
     assert layout.engine_lock(a) == layout.engine_lock(b) == tmp_path / "host" / "engine.lock"
+    # a lock path that cannot be made is an output error (exit 14) naming it, not exit 70
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("ORACLE_BUILD_ENGINE_LOCK", str(tmp_path / "file" / "engine.lock"))
+    with pytest.raises(OutputFailed) as caught, held(layout.engine_lock(a), what="an engine"):
+        pass
+    assert caught.value.exit_code == 14
+    assert f"cannot open the lock file {tmp_path / 'file' / 'engine.lock'}" in \
+        caught.value.message
 
 
 def _dry_run(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:

@@ -8,14 +8,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from oracle_build.core.errors import Refused
+from oracle_build.core.errors import OutputFailed, Refused, as_data
 from oracle_build.core.log import say
 
 
 @contextmanager
 def held(path: Path, *, what: str, wait: bool = True) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # a read-only home, a lock path under a regular file
+        raise OutputFailed(f"cannot open the lock file {as_data(str(path))} for {what}: "
+                           f"{exc.strerror or exc}",
+                           hint="a folder the tool can write (the home, or "
+                           "ORACLE_BUILD_ENGINE_LOCK's)") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
