@@ -46,7 +46,7 @@ from oracle_build.contracts.lock import LockEntry  # noqa: E402
 from oracle_build.contracts.pins import load_pin  # noqa: E402
 from oracle_build.core import env as envmod  # noqa: E402
 from oracle_build.core import layout  # noqa: E402
-from oracle_build.oracle_venv import uv  # noqa: E402
+from oracle_build.oracle.venv import uv  # noqa: E402
 from tests import registry as regmod  # noqa: E402
 
 PIN = REPO / "pins" / "cpu.toml"

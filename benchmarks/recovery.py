@@ -37,12 +37,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from oracle_build import identity  # noqa: E402
 from oracle_build.contracts.lock import LockEntry  # noqa: E402
 from oracle_build.contracts.pins import load_pin  # noqa: E402
 from oracle_build.core import env as envmod  # noqa: E402
 from oracle_build.core import layout  # noqa: E402
-from oracle_build.oracle_venv import uv  # noqa: E402
+from oracle_build.oracle import identity  # noqa: E402
+from oracle_build.oracle.venv import uv  # noqa: E402
 
 PIN = REPO / "pins" / "cpu.toml"
 CLI = [sys.executable, "-m", "oracle_build"]

@@ -1,8 +1,9 @@
 """What this host is, detected once and frozen: machine, memory, GPUs and their compute
-capability, driver, toolchain; which pin target fits it; and this tool's own facts.
+capability (each device module asks its own tools), driver, toolchain, the CPU's flags and
+kernel variant; and this tool's own facts. No pin logic.
 
 Every fact comes from one ``Host`` object built on first use (``host()``); nothing below
-asks nvidia-smi or reads /proc/meminfo again, except ``available_memory()``, which is a
+asks the GPU tools or reads /proc/meminfo again, except ``available_memory()``, which is a
 reading taken when an engine is about to start.
 """
 
@@ -10,8 +11,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
-import shutil
 import socket
 import sys
 from dataclasses import asdict, dataclass
@@ -52,101 +51,6 @@ class Host:
     @property
     def driver(self) -> str | None:
         return self.gpus[0].driver if self.gpus else None
-
-
-def parse_nvidia_smi(text: str) -> tuple[Gpu, ...]:
-    """`nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader`."""
-    gpus = []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3 and re.fullmatch(r"\d+\.\d+", parts[1]):
-            gpus.append(Gpu(parts[0], parts[1], parts[2]))
-    return tuple(gpus)
-
-
-def parse_rocminfo(text: str, driver: str = "") -> tuple[Gpu, ...]:
-    """`rocminfo`: each ``Agent N`` block whose ``Device Type`` is GPU gives its first
-    ``Name`` (the gfx arch) and ``Marketing Name``; the ISA block's names are not the
-    agent's. The ROCk module line names the driver when ``driver`` is not known."""
-    m = re.search(r"ROCk module(?: version (\S+))? is loaded", text)
-    driver = driver or (f"amdgpu {m.group(1)}" if m and m.group(1) else "")
-    gpus = []
-    for block in re.split(r"^\*+\s*\n\s*Agent \d+\s*\n\*+\s*$", text, flags=re.M)[1:]:
-        fields: dict[str, str] = {}
-        for line in block.splitlines():
-            key, sep, value = line.strip().partition(":")
-            if sep and key in ("Name", "Marketing Name", "Device Type") and key not in fields:
-                fields[key] = value.strip()
-        arch = fields.get("Name", "")
-        if fields.get("Device Type") == "GPU" and re.fullmatch(r"gfx[0-9a-f]+", arch):
-            gpus.append(Gpu(fields.get("Marketing Name") or arch, "", driver, arch, "amd"))
-    return tuple(gpus)
-
-
-def parse_amd_smi(text: str) -> tuple[Gpu, ...]:
-    """`amd-smi static --asic --driver` (text): per ``GPU: N`` block, MARKET_NAME,
-    TARGET_GRAPHICS_VERSION and the DRIVER block's VERSION."""
-    gpus = []
-    for block in re.split(r"^GPU: \d+\s*$", text, flags=re.M)[1:]:
-        fields: dict[str, str] = {}
-        section = ""
-        for line in block.splitlines():
-            key, sep, value = line.strip().partition(":")
-            if sep and not value.strip():
-                section = key
-            elif sep:
-                fields.setdefault(f"{section}.{key}", value.strip())
-        arch = fields.get("ASIC.TARGET_GRAPHICS_VERSION", "")
-        if re.fullmatch(r"gfx[0-9a-f]+", arch):
-            driver = fields.get("DRIVER.VERSION", "")
-            gpus.append(Gpu(fields.get("ASIC.MARKET_NAME") or arch, "",
-                            f"amdgpu {driver}".strip(), arch, "amd"))
-    return tuple(gpus)
-
-
-def rocm_tool(name: str, rocm_home: str | None = None) -> str | None:
-    """A ROCm tool: on PATH, else under ROCM_HOME / ROCM_PATH / /opt/rocm."""
-    found = shutil.which(name)
-    if found:
-        return found
-    for root in (rocm_home, os.environ.get("ROCM_HOME"), os.environ.get("ROCM_PATH"),
-                 "/opt/rocm"):
-        if root and (Path(root) / "bin" / name).is_file():
-            return str(Path(root) / "bin" / name)
-    return None
-
-
-def _amd_gpus() -> tuple[Gpu, ...]:
-    """AMD GPUs, from rocminfo (the HSA runtime's view) else amd-smi."""
-    exe = rocm_tool("rocminfo")
-    if exe:
-        out = proc.query([exe], timeout=60)
-        if out.ok:
-            gpus = parse_rocminfo(out.output, _amdgpu_driver())
-            if gpus:
-                return gpus
-    exe = rocm_tool("amd-smi")
-    if exe:
-        out = proc.query([exe, "static", "--asic", "--driver"], timeout=60)
-        if out.ok:
-            return parse_amd_smi(out.output)
-    return ()
-
-
-def _amdgpu_driver(path: Path = Path("/sys/module/amdgpu/version")) -> str:
-    try:
-        return f"amdgpu {path.read_text().strip()}"
-    except OSError:
-        return ""
-
-
-def _nvidia_gpus() -> tuple[Gpu, ...]:
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return ()
-    out = proc.query([exe, "--query-gpu=name,compute_cap,driver_version",
-                      "--format=csv,noheader"], timeout=30)
-    return parse_nvidia_smi(out.output) if out.ok else ()
 
 
 def meminfo(path: Path = Path("/proc/meminfo")) -> dict[str, int]:
@@ -220,26 +124,12 @@ def host() -> Host:
     info = meminfo()
     machine = platform.machine()
     flags = cpu_flags()
-    return Host(machine=machine, system=platform.system(), gpus=_nvidia_gpus() + _amd_gpus(),
+    from oracle_build import devices  # each device finds its own GPUs (nvidia-smi, rocminfo)
+
+    return Host(machine=machine, system=platform.system(), gpus=devices.detect_gpus(),
                 mem_available_bytes=info.get("MemAvailable"),
                 mem_total_bytes=info.get("MemTotal"),
                 cpu_variant=cpu_variant(machine, flags), cpu_flags=flags)
-
-
-def hip_version(hipcc_output: str) -> str | None:
-    """``hipcc --version``'s "HIP version: 7.2.53211-e9d2e3ca67" as "7.2.53211"."""
-    m = re.search(r"HIP version:\s*(\d+\.\d+(?:\.\d+)?)", hipcc_output)
-    return m.group(1) if m else None
-
-
-def nvcc_version(cuda_home: str | None) -> str | None:
-    exe = shutil.which("nvcc")
-    if cuda_home and (Path(cuda_home) / "bin" / "nvcc").exists():
-        exe = str(Path(cuda_home) / "bin" / "nvcc")
-    if not exe:
-        return None
-    m = re.search(r"release (\d+\.\d+)", proc.query([exe, "--version"]).output)
-    return m.group(1) if m else None
 
 
 def _first_line(argv: list[str]) -> str | None:
@@ -247,9 +137,16 @@ def _first_line(argv: list[str]) -> str | None:
     return text.splitlines()[0] if text else None
 
 
+def facts(build_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Host facts for records (build records, goldens); ``build_env``: the build's
+    environment, where a device's toolchain is (CUDA_HOME)."""
+    return dict(_facts(tuple(sorted((build_env or {}).items()))))
+
+
 @cache
-def facts(cuda_home: str | None = None) -> dict[str, Any]:
-    """Host facts for records (build records, goldens)."""
+def _facts(build_env: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    from oracle_build import devices
+
     h = host()
     return {
         "hostname": socket.gethostname(),
@@ -264,7 +161,7 @@ def facts(cuda_home: str | None = None) -> dict[str, Any]:
         "mem_available_bytes": h.mem_available_bytes,
         "gpus": [asdict(g) for g in h.gpus],
         "driver": h.driver,
-        "nvcc": nvcc_version(cuda_home),
+        **devices.host_facts(dict(build_env)),
         "compiler": _first_line(["cc", "--version"]),
     }
 

@@ -13,7 +13,7 @@ from oracle_build.contracts.page import PagePrompt
 
 if TYPE_CHECKING:
     from oracle_build.contracts.golden import Golden
-    from oracle_build.oracles import Oracle
+    from oracle_build.oracle.opening import Oracle
 
 Rows = Sequence[Sequence[Any]] | None
 

@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
-from oracle_build import build, manifest
+from oracle_build import recipe
 from oracle_build.contracts.pins import Pin, load_pin
 from oracle_build.core import layout
+from oracle_build.oracle import inventory
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -182,7 +183,7 @@ class BuiltOracle:
     home: Path
     wheelhouse: Path
     venv: Path
-    outcome: build.BuildOutcome
+    outcome: recipe.BuildOutcome
 
 
 @pytest.fixture(scope="session")
@@ -199,7 +200,7 @@ def cpu_oracle(tmp_path_factory: pytest.TempPathFactory) -> BuiltOracle:
     built = layout.oracle_path(shared_home, pin.key)
     with taking_turns("session oracle build"):
         if not built.exists():  # the run's first: build it
-            outcome = build.build_oracle(pin, "cpu", home=shared_home,
+            outcome = recipe.build_oracle(pin, "cpu", home=shared_home,
                                          wheelhouse_root=wheelhouse)
             return BuiltOracle(pin, shared_home, wheelhouse, built, outcome)
         home = tmp_path_factory.mktemp("oracle-home")
@@ -207,9 +208,9 @@ def cpu_oracle(tmp_path_factory: pytest.TempPathFactory) -> BuiltOracle:
         venv.parent.mkdir(parents=True)
         if home.stat().st_dev == built.stat().st_dev:  # else no links: build
             linked_copy(built, venv)
-            anchor = manifest.anchor_path(built)
-            shutil.copy2(anchor, manifest.anchor_path(venv))
-        outcome = build.build_oracle(pin, "cpu", home=home, wheelhouse_root=wheelhouse)
+            anchor = inventory.anchor_path(built)
+            shutil.copy2(anchor, inventory.anchor_path(venv))
+        outcome = recipe.build_oracle(pin, "cpu", home=home, wheelhouse_root=wheelhouse)
     assert outcome.identity.ok, outcome.identity.mismatches
     return BuiltOracle(pin, home, wheelhouse, venv, outcome)
 
@@ -252,9 +253,9 @@ def scratch_venv(cpu_oracle: BuiltOracle, tmp_path: Path) -> Iterator[Path]:
 def assert_session_oracle_unchanged(oracle: BuiltOracle) -> None:
     """After a test that had a linked copy: every file of the session's oracle as its
     manifest says (size and mtime, its hash where they moved), none added or gone."""
-    files, problems = manifest.load(oracle.venv)
+    files, problems = inventory.load(oracle.venv)
     assert files is not None and not problems, problems
-    check = manifest.check(oracle.venv, files)
+    check = inventory.check(oracle.venv, files)
     assert not check.mismatches, ("a test changed the session's oracle through a hard link",
                                   check.mismatches)
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from oracle_build import judge, tinymodel
+from oracle_build import judge
+from oracle_build.checkpoints import tiny
 from oracle_build.cli import main
 from oracle_build.commands.capture import capture
 from oracle_build.contracts import schemas
@@ -67,7 +68,7 @@ def test_malformed_spec_cli_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_generated_model_is_pinned_by_spec() -> None:
     spec = load_spec(TINY_SPEC)
     assert {k: __import__("hashlib").sha256(v).hexdigest()
-            for k, v in tinymodel.files().items()} == spec.model.files
+            for k, v in tiny.files().items()} == spec.model.files
 
 
 # ---------------------------------------------------------------- slow: the real engine
@@ -187,7 +188,7 @@ def test_changed_model_file_is_exit_13(cpu_oracle: BuiltOracle, tmp_path: Path,
     """Slow: needs the session's real CPU oracle; the capture stops at the model check, before
     any engine."""
     model = tmp_path / "model"
-    tinymodel.generate(model)
+    tiny.generate(model)
     cfg = json.loads((model / "tokenizer_config.json").read_text())
     cfg["model_max_length"] = 512
     (model / "tokenizer_config.json").write_text(json.dumps(cfg))

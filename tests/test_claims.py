@@ -134,13 +134,13 @@ def test_default_pin_home_and_wheelhouse(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_build_memory_preflight_names_both_numbers(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from oracle_build import build
+    from oracle_build import recipe
 
     monkeypatch.setenv("ORACLE_BUILD_MIN_MEMORY_GIB", "100000")
-    p = build.plan(load_pin(CPU_PIN), "cpu", home=tmp_path / "h",
+    p = recipe.plan(load_pin(CPU_PIN), "cpu", home=tmp_path / "h",
                    wheelhouse_root=tmp_path / "w")
     with pytest.raises(PreflightFailed) as info:
-        build.run(p)
+        recipe.run(p)
     assert re.search(r"[\d.]+ GiB of host memory available, the build needs 100000\.0 GiB",
                      info.value.message)
     assert not layout.oracle_path(tmp_path / "h", p.pin.key).exists()

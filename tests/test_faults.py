@@ -20,12 +20,13 @@ from typing import Any
 
 import pytest
 
-from oracle_build import build, identity
+from oracle_build import recipe
 from oracle_build.cli import main
 from oracle_build.contracts.golden import load_golden
 from oracle_build.contracts.pins import Pin, load_pin
 from oracle_build.core import layout
 from oracle_build.core.filelock import held
+from oracle_build.oracle import identity
 from tests.conftest import CPU_PIN, REPO, TINY_SPEC, BuiltOracle, reliability, site_packages
 from tests.srcpkg import make_repo, write_pin
 
@@ -227,7 +228,7 @@ def small_source_build(tmp_path: Path) -> tuple[Path, Pin, Path, Path, list[str]
     home, wheelhouse = tmp_path / "home", tmp_path / "wh"
     args = ["build", "--pin", str(pin_path), "--home", str(home), "--wheelhouse",
             str(wheelhouse)]
-    steps = [s.name for s in build.plan(pin, "cpu", home=home,
+    steps = [s.name for s in recipe.plan(pin, "cpu", home=home,
                                        wheelhouse_root=wheelhouse).steps]
     return pin_path, pin, home, wheelhouse, args, steps
 

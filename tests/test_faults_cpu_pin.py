@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from oracle_build import build
+from oracle_build import recipe
 from tests.conftest import CPU_PIN, BuiltOracle
 from tests.test_faults import BUILD_STEPS, kill_every_step
 
@@ -32,7 +32,7 @@ def test_build_killed_at_every_step_then_recovers(cpu_oracle: BuiltOracle,
     home = tmp_path / "home"
     args = ["build", "--pin", str(CPU_PIN), "--home", str(home), "--wheelhouse",
             str(cpu_oracle.wheelhouse)]
-    assert [s.name for s in build.plan(cpu_oracle.pin, "cpu", home=home,
+    assert [s.name for s in recipe.plan(cpu_oracle.pin, "cpu", home=home,
                                        wheelhouse_root=cpu_oracle.wheelhouse).steps] \
         == BUILD_STEPS
     record = json.loads((cpu_oracle.venv / "oracle-build" / "build-record.json").read_text())

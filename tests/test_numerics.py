@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oracle_build import devices, generators, host
+from oracle_build import devices, host
+from oracle_build.checkpoints import families
 from oracle_build.cli import main
 from oracle_build.commands.numerics import set_dir
 from oracle_build.contracts.spec import GENERATED_MODELS, load_spec
@@ -28,7 +29,7 @@ from oracle_build.core.errors import (
     EXIT_PREFLIGHT,
     EXIT_REFUSED,
 )
-from oracle_build.oracle_venv import OracleVenv
+from oracle_build.oracle.venv import OracleVenv
 from tests.conftest import REPO, TINY_SPEC, BuiltOracle
 
 BATTERY = REPO / "goldens" / "numerics"
@@ -39,16 +40,16 @@ MOE_EXPERT = "model.layers.0.mlp.experts.1.down_proj.weight"
 
 
 def test_every_generated_model_the_spec_accepts_has_a_generator() -> None:
-    assert set(GENERATED_MODELS) == set(generators.NAMES)
+    assert set(GENERATED_MODELS) == set(families.NAMES)
     specs = {load_spec(p).model.generate for p in (BATTERY / "specs").glob("*.toml")}
-    assert specs == set(generators.NAMES)  # the battery covers every generator
+    assert specs == set(families.NAMES)  # the battery covers every generator
 
 
 def test_bf16_rounding_is_round_to_nearest_even() -> None:
     x = np.array([1.0, -2.0, 1.00390625, 1.01171875, 3.0e38], dtype=np.float32)
     # 1+2^-8 is a tie between 1.0 and 1+2^-7: even (1.0) wins; 1+3*2^-8 rounds up
-    assert [hex(v) for v in generators.to_bf16_bits(x)] == ["0x3f80", "0xc000", "0x3f80",
-                                                            "0x3f82", "0x7f62"]
+    assert [hex(v) for v in families.to_bf16_bits(x)] == ["0x3f80", "0xc000", "0x3f80",
+                                                             "0x3f82", "0x7f62"]
 
 
 @pytest.mark.parametrize(("flags", "machine", "variant"), [
@@ -105,14 +106,14 @@ def test_generators_reproduce_the_committed_model_files(cpu_oracle: BuiltOracle,
     generations and hosts."""
     venv = OracleVenv(cpu_oracle.venv)
     transformers = venv.distributions()["transformers"]
-    runs = [{name: generators.generate(name, tmp_path / "gen1" / name, home=tmp_path / "home1",
+    runs = [{name: families.generate(name, tmp_path / "gen1" / name, home=tmp_path / "home1",
                                        venv=venv, transformers=transformers)
-             for name in generators.NAMES}]
+             for name in families.NAMES}]
     # a damaged layout cache is read again from transformers, never trusted
     (cache,) = (tmp_path / "home1" / "models" / ".layouts" / transformers).glob(
         "tiny-qwen3-moe-v1-*.json")
     cache.write_text('{"class": "Qwen3MoeForCausalLM", "tensors": {"x": [0]}}')
-    again = generators.generate("tiny-qwen3-moe-v1", tmp_path / "gen3", home=tmp_path / "home1",
+    again = families.generate("tiny-qwen3-moe-v1", tmp_path / "gen3", home=tmp_path / "home1",
                                 venv=venv, transformers=transformers)
     assert again == runs[0]["tiny-qwen3-moe-v1"]
     assert json.loads(cache.read_text())["tensors"][MOE_EXPERT] == [128, 64]
@@ -122,7 +123,7 @@ def test_generators_reproduce_the_committed_model_files(cpu_oracle: BuiltOracle,
         assert spec.model.generate is not None
         assert runs[0][spec.model.generate] == spec.model.files, spec_path.name
         covered.add(spec.model.generate)
-    assert covered == set(generators.NAMES)  # every generator, against a committed spec
+    assert covered == set(families.NAMES)  # every generator, against a committed spec
     # MoE experts are one tensor per expert on disk, as real checkpoints are
     header = (tmp_path / "gen1" / "tiny-qwen3-moe-v1" / "model.safetensors").read_bytes()
     names = json.loads(header[8:8 + int.from_bytes(header[:8], "little")])
@@ -144,7 +145,7 @@ def test_changed_moe_expert_is_drift_naming_qwen3_moe(cpu_oracle: BuiltOracle, t
     # the set of the pin's held variant (committed: verified on every host with AVX2)
     where = set_dir(battery, cpu_oracle.pin, "cpu", HELD)
     assert (where / "qwen3-moe" / "golden.json").exists()
-    original = generators.values
+    original = families.values
 
     def one_value_changed(generator: str, name: str, shape: list[int]) -> np.ndarray:
         out = original(generator, name, shape)
@@ -153,7 +154,7 @@ def test_changed_moe_expert_is_drift_naming_qwen3_moe(cpu_oracle: BuiltOracle, t
             out[0, 0] = np.float32(4.0)
         return out
 
-    monkeypatch.setattr(generators, "values", one_value_changed)
+    monkeypatch.setattr(families, "values", one_value_changed)
     capsys.readouterr()
     # the spec still pins the old hash: the model is refused before any engine starts
     assert main(["numerics", "--home", home, "--battery", str(battery),
@@ -175,8 +176,8 @@ def test_changed_moe_expert_is_drift_naming_qwen3_moe(cpu_oracle: BuiltOracle, t
     assert code == EXIT_DRIFT, out[-3000:]
     assert "ORACLE_NUMERICS_DRIFT" in out and "ORACLE_NUMERICS_OK" not in out
     assert re.search(r"^  qwen3-moe: prompt \w+ position \d+", out, re.M), out[-3000:]
-    monkeypatch.setattr(generators, "values", original)
-    generators.generate("tiny-qwen3-moe-v1", model.parent, home=cpu_oracle.home,
+    monkeypatch.setattr(families, "values", original)
+    families.generate("tiny-qwen3-moe-v1", model.parent, home=cpu_oracle.home,
                         venv=OracleVenv(cpu_oracle.venv),
                         transformers=OracleVenv(cpu_oracle.venv).distributions()["transformers"])
 
@@ -187,17 +188,17 @@ def test_a_checkpoint_tensor_the_loader_skips_refuses_the_capture(
         capsys: pytest.CaptureFixture[str]) -> None:
     """vLLM's Llama loader skips `rotary_emb.inv_freq` by name: a generator writing one
     would leave a tensor no loader read. The capture says which, and publishes nothing."""
-    family = generators.BY_GENERATOR["tiny-llama-bf16-v1"]
-    original = generators.family_files
+    family = families.BY_GENERATOR["tiny-llama-bf16-v1"]
+    original = families.family_files
 
-    def with_extra(fam: generators.Family, tensors: dict[str, list[int]]) -> dict[str, bytes]:
+    def with_extra(fam: families.Family, tensors: dict[str, list[int]]) -> dict[str, bytes]:
         if fam.generator == family.generator:
             tensors = {**tensors, "model.layers.0.self_attn.rotary_emb.inv_freq": [32]}
         return original(fam, tensors)
 
-    monkeypatch.setattr(generators, "family_files", with_extra)
+    monkeypatch.setattr(families, "family_files", with_extra)
     venv = OracleVenv(cpu_oracle.venv)
-    files = generators.generate(family.generator, tmp_path / "m", home=tmp_path / "h",
+    files = families.generate(family.generator, tmp_path / "m", home=tmp_path / "h",
                                 venv=venv, transformers=venv.distributions()["transformers"])
     spec_dir = tmp_path / "spec"
     spec_dir.mkdir()
@@ -214,8 +215,8 @@ def test_a_checkpoint_tensor_the_loader_skips_refuses_the_capture(
     assert "skipped 1 of 22 checkpoint tensors" in err
     assert "model.layers.0.self_attn.rotary_emb.inv_freq" in err
     assert not (spec_dir / "golden.json").exists()
-    monkeypatch.setattr(generators, "family_files", original)
-    generators.generate(family.generator, cpu_oracle.home / "models" / family.generator,
+    monkeypatch.setattr(families, "family_files", original)
+    families.generate(family.generator, cpu_oracle.home / "models" / family.generator,
                         home=cpu_oracle.home, venv=venv,
                         transformers=venv.distributions()["transformers"])
 

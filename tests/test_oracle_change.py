@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from oracle_build import build
+from oracle_build import recipe
 from oracle_build.cli import main
 from oracle_build.contracts import schemas
 from oracle_build.contracts.pins import Pin, load_pin
@@ -29,7 +29,7 @@ OLD_PIN = REPO / "pins" / "previous" / "cpu-0.31.toml"
 def old_oracle(cpu_oracle: BuiltOracle) -> Pin:
     """The 0.31 oracle, built by build_oracle into the same home as the 0.32 one."""
     pin = load_pin(OLD_PIN)
-    build.build_oracle(pin, "cpu", home=cpu_oracle.home, wheelhouse_root=cpu_oracle.wheelhouse)
+    recipe.build_oracle(pin, "cpu", home=cpu_oracle.home, wheelhouse_root=cpu_oracle.wheelhouse)
     assert layout.oracle_path(cpu_oracle.home, pin.key).is_dir()
     return pin
 

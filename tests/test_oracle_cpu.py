@@ -13,8 +13,6 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from oracle_build import identity, manifest
-from oracle_build.build.plan import UV_VERSION
 from oracle_build.cli import main
 from oracle_build.contracts import schemas
 from oracle_build.contracts.pins import CudaTarget
@@ -22,7 +20,9 @@ from oracle_build.contracts.record import load_anchor, load_record
 from oracle_build.core import env as envmod
 from oracle_build.core import layout
 from oracle_build.core.errors import IdentityMismatch
-from oracle_build.oracle_venv import uv
+from oracle_build.oracle import identity, inventory
+from oracle_build.oracle.venv import uv
+from oracle_build.recipe.plan import UV_VERSION
 from tests.conftest import (
     CPU_PIN,
     REPO,
@@ -71,11 +71,11 @@ def test_cpu_oracle_builds_and_proves_identity(cpu_oracle: BuiltOracle) -> None:
     # every file the build wrote is its model's and its committed schema's
     record_dir = cpu_oracle.venv / "oracle-build"
     assert load_record(record_dir / "build-record.json").content_fingerprint == \
-        load_anchor(manifest.anchor_path(cpu_oracle.venv)).content_fingerprint
+        load_anchor(inventory.anchor_path(cpu_oracle.venv)).content_fingerprint
     for name, schema in (("build-record.json", "build-record"), ("manifest.json", "manifest")):
         jsonschema.validate(json.loads((record_dir / name).read_text()),
                             schemas.committed(f"{schema}.schema.json"))
-    jsonschema.validate(json.loads(manifest.anchor_path(cpu_oracle.venv).read_text()),
+    jsonschema.validate(json.loads(inventory.anchor_path(cpu_oracle.venv).read_text()),
                         schemas.committed("anchor.schema.json"))
     assert not (cpu_oracle.home / "staging").exists() or not any(
         (cpu_oracle.home / "staging").iterdir())
@@ -328,20 +328,20 @@ def test_what_runs_is_what_is_checked(cpu_oracle: BuiltOracle, own_home: Path,
     anchored outside the venv, and the build record never changes after publish."""
     import marshal
 
-    from oracle_build import manifest
+    from oracle_build.oracle import inventory
 
     home, args, venv, site = own_oracle(cpu_oracle, own_home)
     rel = lambda p: str(p.relative_to(venv.resolve()))  # noqa: E731
     record_path = venv / "oracle-build" / "build-record.json"
     record_bytes = record_path.read_bytes()
     record = json.loads(record_bytes)
-    files = json.loads(manifest.path(venv).read_text())
-    anchor = json.loads(manifest.anchor_path(venv).read_text())
+    files = json.loads(inventory.path(venv).read_text())
+    anchor = json.loads(inventory.anchor_path(venv).read_text())
     assert record["record_schema"] == 3 and record["manifest"]["bytecode"] > 15_000
     assert record["content_fingerprint"] == anchor["content_fingerprint"] \
-        == manifest.fingerprint(files)
+        == inventory.fingerprint(files)
     pyc = site / "vllm" / "__pycache__" / "_version.cpython-311.pyc"
-    for edited in (pyc, site / "vllm" / "v1" / "sample" / "sampler.py", manifest.path(venv),
+    for edited in (pyc, site / "vllm" / "v1" / "sample" / "sampler.py", inventory.path(venv),
                    record_path):
         break_link(edited)  # the files this test edits in place: its own from here on
     assert files["files"][rel(pyc)]["kind"] == "bytecode"
@@ -426,11 +426,11 @@ def test_what_runs_is_what_is_checked(cpu_oracle: BuiltOracle, own_home: Path,
     # 5. the file and its manifest entry edited together: the anchor sees the manifest moved
     files["files"][rel(sampler)]["sha256"] = __import__("hashlib").sha256(
         sampler.read_bytes()).hexdigest()
-    manifest_bytes = manifest.path(venv).read_bytes()
-    manifest.path(venv).write_text(json.dumps(files))
+    manifest_bytes = inventory.path(venv).read_bytes()
+    inventory.path(venv).write_text(json.dumps(files))
     code, out = identity_says("--deep")
     assert code == 3 and "the manifest inside the venv was edited" in out
-    manifest.path(venv).write_bytes(manifest_bytes)
+    inventory.path(venv).write_bytes(manifest_bytes)
     sampler.write_text(text)
     os.utime(sampler, ns=(entry["mtime_ns"], entry["mtime_ns"]))
     assert identity_says("--deep")[0] == 0
@@ -480,7 +480,7 @@ def test_no_check_and_no_engine_writes_into_the_oracle(cpu_oracle: BuiltOracle,
     shutil.copytree(REPO / "pins", battery / "pins")
     assert main(["numerics", "--home", home, "--battery", str(battery / "goldens" / "numerics"),
                  "--only", "llama"]) == 0
-    files, problems = manifest.load(venv)
+    files, problems = inventory.load(venv)
     assert files is not None and not problems, problems
-    check = manifest.check(venv, files, deep=True)
+    check = inventory.check(venv, files, deep=True)
     assert not check.mismatches, check.mismatches[:10]

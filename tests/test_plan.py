@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from oracle_build import build
+from oracle_build import recipe
 from oracle_build.cli import main
 from oracle_build.contracts.pins import load_pin
 from oracle_build.core import env as envmod
@@ -18,13 +18,13 @@ from oracle_build.devices import cuda
 from tests.conftest import GPU_PIN, established_gpu_pin
 
 
-def plan_for(pin_path: Path, target: str, tmp_path: Path, **kw: object) -> build.Plan:
+def plan_for(pin_path: Path, target: str, tmp_path: Path, **kw: object) -> recipe.Plan:
     pin = load_pin(pin_path)
-    return build.plan(pin, target, home=tmp_path / "home", wheelhouse_root=tmp_path / "wh",
+    return recipe.plan(pin, target, home=tmp_path / "home", wheelhouse_root=tmp_path / "wh",
                       **kw)  # type: ignore[arg-type]
 
 
-def wheel_cmd(p: build.Plan) -> Cmd:
+def wheel_cmd(p: recipe.Plan) -> Cmd:
     (step,) = [s for s in p.steps if s.name == "wheel"]
     (cmd,) = step.commands
     return cmd
@@ -73,7 +73,7 @@ def test_shipped_gpu_pin_refuses_unestablished_externals(tmp_path: Path) -> None
     (ext,) = [s for s in p.steps if s.name == "externals"]
     assert len(ext.blocked_by) == 7  # six externals and the missing --externals
     with pytest.raises(Unestablished) as info:
-        build.run(p)
+        recipe.run(p)
     assert "externals.cutlass.commit is unestablished" in info.value.message
     assert not p.staging.exists()  # refused before any work
 
@@ -115,23 +115,23 @@ def test_build_preflight_disk_and_python(tmp_path: Path, monkeypatch: pytest.Mon
 
     pin = load_pin(CPU_PIN)
     monkeypatch.setenv("ORACLE_BUILD_MIN_FREE_GIB", "1000000")
-    p = build.plan(pin, "cpu", home=tmp_path / "h", wheelhouse_root=tmp_path / "w")
+    p = recipe.plan(pin, "cpu", home=tmp_path / "h", wheelhouse_root=tmp_path / "w")
     with pytest.raises(PreflightFailed, match=r"GiB free at .*, the build needs 1000000\.0 GiB"):
-        build.run(p)
+        recipe.run(p)
     assert not layout.oracle_path(tmp_path / "h", pin.key).exists()
     monkeypatch.delenv("ORACLE_BUILD_MIN_FREE_GIB")
     odd = tmp_path / "odd.toml"
     odd.write_text(CPU_PIN.read_text().replace('python = "3.11"', 'python = "3.99"'))
     (tmp_path / "cpu.lock.txt").write_text((CPU_PIN.parent / "cpu.lock.txt").read_text())
-    p = build.plan(load_pin(odd), "cpu", home=tmp_path / "h2", wheelhouse_root=tmp_path / "w")
+    p = recipe.plan(load_pin(odd), "cpu", home=tmp_path / "h2", wheelhouse_root=tmp_path / "w")
     with pytest.raises(PreflightFailed, match=r"no Python 3\.99 on this host"):
-        build.run(p)
+        recipe.run(p)
 
 
 def test_engine_memory_floor_gives_both_numbers() -> None:
     from oracle_build.contracts.pins import CpuTarget as Target
     from oracle_build.core.errors import PreflightFailed
-    from oracle_build.engine import memory_preflight
+    from oracle_build.engine.session import memory_preflight
 
     huge = Target(device="cpu", machine="x86_64", memory_floor_gib=4096)
     with pytest.raises(PreflightFailed) as info:

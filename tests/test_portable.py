@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from oracle_build import tinymodel
+from oracle_build.checkpoints import tiny
 from oracle_build.cli import main
 from oracle_build.contracts.golden import load_golden
 from oracle_build.core.errors import EXIT_BAD_INPUT, EXIT_OK
@@ -80,7 +80,7 @@ def test_hub_layout_model_under_hf_home_captures_and_verifies(
         captured: Captured, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
-    files = tinymodel.files()
+    files = tiny.files()
     revision = hashlib.sha1(b"oracle-build hub layout test").hexdigest()
     snapshot = hub_layout(tmp_path / "hf", "oracle-build/tiny-llama", revision, files)
     assert all((snapshot / n).is_symlink() for n in files)

@@ -4,6 +4,7 @@ outside oracle_build/devices/ branches on a target's device."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -17,7 +18,7 @@ from oracle_build.contracts.pins import CpuTarget, CudaTarget, RocmTarget, load_
 from oracle_build.contracts.record import load_anchor, load_record
 from oracle_build.core.errors import BadInput, EngineFailed
 from oracle_build.core.files import validate
-from oracle_build.engine import EngineResult
+from oracle_build.engine.session import EngineResult
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "oracle_build"
@@ -130,20 +131,105 @@ def test_pin_hashes_are_kept() -> None:
 
 
 DEVICE_BRANCH = re.compile(r"""\.device\s*(==|!=|in\b)|device\s*==\s*["'](cpu|cuda|rocm)""")
+# What only a device module may know: a device's name (or a word starting with one, as a
+# label "cpu x86_64"), its tools, its facts' and build variables' names.
+DEVICE_WORD = re.compile(rf"^({'|'.join(devices.MODULES)})(\b|$)")
+DEVICE_KNOWLEDGE = re.compile(
+    r"nvidia-smi|rocminfo|amd-smi|\bnvcc\b|hipcc|cuobjdump|roc-obj-ls|gcn_arch|^sm_|\bsm_$|"
+    r"CUDA_HOME|ROCM_HOME|TORCH_CUDA_ARCH|PYTORCH_ROCM|CUDA_FOUND|HIP_FOUND")
+# The target models name their device: the discriminator pydantic needs (contracts/pins.py)
+# and the types of their fields
+TARGET_MODELS = {"CpuTarget", "CudaTarget", "RocmTarget", "SmCode", "GfxArch", "_gfx"}
 
 
-def test_nothing_outside_devices_branches_on_the_device() -> None:
+def device_knowledge(source: str, rel: str) -> list[str]:
+    """Every place in ``source`` that branches on a device or names what only a device
+    module knows: a device's name as a value (a tuple of names, a default, a Literal, a
+    choice), a GPU tool or a device's build variable, a ``.device`` comparison, a ranking by
+    ``.GPU``. Docstrings and comments may name them."""
+    tree = ast.parse(source)
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                isinstance(body[0].value, ast.Constant):
+            skip.add(id(body[0].value))  # a docstring
+        named = node.name if isinstance(node, ast.ClassDef | ast.FunctionDef) else \
+            getattr(getattr(node, "target", None), "id", None) if isinstance(
+                node, ast.AnnAssign) else (node.targets[0].id if isinstance(node, ast.Assign)
+                                           and isinstance(node.targets[0], ast.Name) else None)
+        if rel == "contracts/pins.py" and named in TARGET_MODELS:
+            skip.update(id(n) for n in ast.walk(node))
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                DEVICE_WORD.search(node.value) or DEVICE_KNOWLEDGE.search(node.value)):
+            found.append(f"{rel}:{node.lineno}: {node.value[:60]!r}")
+        elif isinstance(node, ast.Attribute) and node.attr == "GPU" and \
+                not rel.startswith("devices/"):
+            found.append(f"{rel}:{node.lineno}: .GPU (a ranking of devices: devices.gpu_first)")
+    for number, line in enumerate(source.splitlines(), 1):
+        if DEVICE_BRANCH.search(line.split("#", 1)[0]):
+            found.append(f"{rel}:{number}: {line.strip()}")
+    return found
+
+
+def test_nothing_outside_the_device_modules_knows_a_device() -> None:
     """Adding a device is one module under devices/ (the probe, which runs in the oracle's
-    own interpreter and imports nothing from the harness, is told its torch device)."""
+    own interpreter and imports nothing from the harness, is told its torch device). Only
+    devices/cpu.py, cuda.py and rocm.py know a device; devices/__init__.py and base.py
+    ask them."""
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE)
-        if rel.parts[0] in ("devices", "inside"):
+        if rel.parts[0] == "inside" or (rel.parts[0] == "devices" and
+                                         rel.stem in devices.MODULES):
             continue
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if DEVICE_BRANCH.search(line.split("#", 1)[0]):
-                offenders.append(f"{rel}:{number}: {line.strip()}")
+        offenders += device_knowledge(path.read_text(), str(rel))
     assert not offenders, "\n".join(offenders)
+
+
+# Each of the eleven places issue 33 found, as it was written: the guard catches each.
+ELEVEN = {
+    "recipe/checkout.py": 'for other in ("cuda", "cpu", "rocm"):\n    pass\n',
+    "contracts/pins.py": 'class External:\n    devices: list[Literal["cpu", "cuda", "rocm"]]\n',
+    "contracts/pins.py ": 'for device in ("cpu", "cuda", "rocm"):\n    pass\n',
+    "core/files.py": 'UNION_TABLE_TAGS = {"targets": {"cpu", "cuda", "rocm"}}\n',
+    "commands/externals.py": 'ex.add_argument("--device", choices=["cuda", "cpu", "rocm"], '
+                             'default="cuda")\n',
+    "recipe/cmake.py": 'def scan_externals(checkout, *, device="cuda"):\n    pass\n',
+    "oracle/identity.py": 'def device_label(d):\n'
+                          '    if d.get("gcn_arch"):\n        return d["name"]\n'
+                          '    return f"cpu {machine}"\n',
+    "commands/verify.py": 'if target.device == "cpu" and rec.kernel_variant:\n    pass\n',
+    "host.py": 'exe = shutil.which("nvidia-smi")\nexe = rocm_tool("rocminfo")\n'
+               'exe = shutil.which("nvcc")\n',
+    "recipe/steps.py": 'HINTS = [(re.compile(r"[+.]rocm\\d+"), "nvcc\'s CUDA differs"), '
+                       '(P, "librocm-core under ROCM_HOME")]\n',
+    "commands/common.py": 'candidates.append((0 if devices.module(target).GPU else 1, p))\n',
+    "devices/base.py": 'CUDA = "TRUE" if device == "cuda" else "FALSE"\n',
+}
+
+
+@pytest.mark.parametrize("rel", sorted(ELEVEN))
+def test_the_device_guard_catches_each_old_spelling(rel: str) -> None:
+    assert device_knowledge(ELEVEN[rel], rel.strip()), rel
+
+
+def test_device_names_are_the_modules() -> None:
+    """The devices package names the devices; the target models' discriminators are the
+    same names, and every device answers the whole base interface."""
+    from oracle_build.contracts.pins import DEVICES
+
+    assert sorted(DEVICES) == sorted(devices.MODULES) == sorted(devices.names())
+    for name, device in devices.MODULES.items():
+        assert isinstance(device, devices.Device) and name == device.NAME
+    assert devices.module(devices.default_gpu()).GPU
+    known = devices.cmake_known("rocm", "x86_64")
+    assert known["HIP_FOUND"] == "TRUE" and known["CUDA_FOUND"] == "FALSE"
+    assert devices.cmake_known("cpu", "aarch64")["ASIMD_FOUND"] == "TRUE"
 
 
 def test_the_plan_is_frozen(tmp_path: Path) -> None:
@@ -151,7 +237,7 @@ def test_the_plan_is_frozen(tmp_path: Path) -> None:
     steps read what they need from it (the wheel step's removed switches, the listings)."""
     import dataclasses
 
-    from oracle_build.build.plan import plan
+    from oracle_build.recipe.plan import plan
 
     p = plan(load_pin(REPO / "pins" / "cpu.toml"), "cpu", home=tmp_path,
              wheelhouse_root=tmp_path / "wh")
@@ -162,7 +248,7 @@ def test_the_plan_is_frozen(tmp_path: Path) -> None:
 
 
 def test_a_damaged_wheelhouse_manifest_names_its_field(tmp_path: Path) -> None:
-    from oracle_build.build.wheelhouse import Wheelhouse
+    from oracle_build.recipe.wheelhouse import Wheelhouse
 
     pin = load_pin(REPO / "pins" / "cpu.toml")
     wh = Wheelhouse.for_pin(tmp_path, pin)
@@ -188,12 +274,12 @@ def test_the_probes_answer_is_validated_before_identity_reads_it(tmp_path: Path)
 
     import jsonschema
 
-    from oracle_build import identity
     from oracle_build.contracts.probe import ProbeFacts
     from oracle_build.core.errors import BuildFailed
+    from oracle_build.oracle import identity
 
     out = tmp_path / "facts.json"
-    probe = Path(identity.__file__).parent / "inside" / "probe.py"
+    probe = PACKAGE / "inside" / "probe.py"
     subprocess.run([sys.executable, "-I", str(probe), str(out), "rms_norm", "cpu", "VLLM_"],
                    cwd=tmp_path, check=True, capture_output=True, timeout=300)
     facts = json.loads(out.read_text())
@@ -217,7 +303,7 @@ def test_a_plans_resolution_is_its_model(tmp_path: Path) -> None:
     committed schema's, for each device's target."""
     import jsonschema
 
-    from oracle_build.build.plan import plan
+    from oracle_build.recipe.plan import plan
     from tests.conftest import CPU_PIN, established_gpu_pin
 
     schema = schemas.committed("resolved-plan.schema.json")

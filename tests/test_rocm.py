@@ -17,13 +17,14 @@ from typing import Any
 
 import pytest
 
-from oracle_build import archsets, build, devices, host
-from oracle_build.build import steps
-from oracle_build.build.plan import Plan, fetch_commands
+from oracle_build import devices, host, recipe
 from oracle_build.cli import main
 from oracle_build.contracts.pins import Target, load_pin
 from oracle_build.core.errors import BadInput, BuildFailed, PreflightFailed
 from oracle_build.core.log import Steps
+from oracle_build.devices import rocm
+from oracle_build.recipe import steps
+from oracle_build.recipe.plan import Plan, fetch_commands
 from tests.conftest import GPU_PIN, REPO, established_gpu_pin
 
 DATA = REPO / "tests" / "data" / "rocm"
@@ -33,14 +34,14 @@ HOST_ID = "host-x86_64-unknown-linux-gnu-"
 
 def rocm_plan(tmp_path: Path) -> Plan:
     pin = load_pin(established_gpu_pin(tmp_path))
-    return build.plan(pin, "gfx1100", home=tmp_path / "home", wheelhouse_root=tmp_path / "wh",
+    return recipe.plan(pin, "gfx1100", home=tmp_path / "home", wheelhouse_root=tmp_path / "wh",
                       externals_dir=tmp_path / "mirrors")
 
 
 def bundle(ids: list[str]) -> bytes:
     """An uncompressed clang offload bundle holding empty code objects for ``ids``: magic,
     u64 count, then per entry u64 offset, u64 size, u64 id length, id."""
-    header = archsets.BUNDLE_MAGIC + struct.pack("<Q", len(ids))
+    header = rocm.BUNDLE_MAGIC + struct.pack("<Q", len(ids))
     return header + b"".join(struct.pack("<QQQ", 0, 0, len(i)) + i.encode() for i in ids)
 
 
@@ -127,12 +128,12 @@ def test_rocm_target_fields_are_validated(tmp_path: Path) -> None:
 
 
 def test_host_detection_from_rocminfo_and_amd_smi() -> None:
-    gpus = host.parse_rocminfo((DATA / "rocminfo-4x7900xtx.txt").read_text())
+    gpus = rocm.parse_rocminfo((DATA / "rocminfo-4x7900xtx.txt").read_text())
     assert len(gpus) == 4  # the CPU agent is not a GPU; the ISA blocks are not agents
     assert {(g.name, g.arch, g.vendor) for g in gpus} == {
         ("Radeon RX 7900 XTX", "gfx1100", "amd")}
     assert gpus[0].driver == "amdgpu 6.12.12"  # from the ROCk module line
-    smi = host.parse_amd_smi((DATA / "amd-smi-static-4x7900xtx.txt").read_text())
+    smi = rocm.parse_amd_smi((DATA / "amd-smi-static-4x7900xtx.txt").read_text())
     assert [(g.name, g.arch, g.driver) for g in smi] == [
         ("Radeon RX 7900 XTX", "gfx1100", "amdgpu 6.12.12")] * 4
     pin = load_pin(GPU_PIN)
@@ -141,7 +142,7 @@ def test_host_detection_from_rocminfo_and_amd_smi() -> None:
     ok, why = devices.fits(pin.target("gfx1100"), box)
     assert ok and why == "Radeon RX 7900 XTX gfx1100"
     # an AMD host with another arch: refused, naming the pin's targets and what it found
-    other = dataclasses.replace(box, gpus=host.parse_rocminfo(
+    other = dataclasses.replace(box, gpus=rocm.parse_rocminfo(
         (DATA / "rocminfo-gfx90a.txt").read_text()))
     with pytest.raises(PreflightFailed) as err:
         devices.choose_target(pin, other)
@@ -159,7 +160,7 @@ def test_on_the_amd_box_the_default_pin_is_the_gpu_pin(monkeypatch: pytest.Monke
                                                        ) -> None:
     """`nox` with no --pin on the AMD box: pins/cpu.toml fits any x86_64 host too, but a pin
     with a GPU target for this host comes first; its gfx1100 target is chosen."""
-    gpus = host.parse_rocminfo((DATA / "rocminfo-4x7900xtx.txt").read_text())
+    gpus = rocm.parse_rocminfo((DATA / "rocminfo-4x7900xtx.txt").read_text())
     box = host.Host("x86_64", "Linux", gpus, 64 << 30, 128 << 30, "x86_64-avx512")
     monkeypatch.setattr(host, "host", lambda: box)
     monkeypatch.chdir(REPO)
@@ -229,20 +230,20 @@ def test_wheel_check_suffix_and_arch_set(tmp_path: Path, version: str, ids: list
 
 def test_offload_bundle_reader_and_listings(tmp_path: Path) -> None:
     lib = fake_library(tmp_path / "lib.so", [HOST_ID, "hipv4-amdgcn-amd-amdhsa--gfx1100"])
-    found = archsets.offload_arches([str(lib)])
+    found = rocm.offload_arches([str(lib)])
     assert found.gfx == ["gfx1100"] and found.problems(["gfx1100"]) == []
     assert found.problems(["gfx1100", "gfx1101"]) == [
         ("compiled gfx (offload bundles)", "gfx1100, gfx1101", "gfx1100")]
     # target-id features (xnack, sramecc) are not part of the arch
-    assert archsets.gfx_of("hipv4-amdgcn-amd-amdhsa--gfx90a:sramecc+:xnack-") == ["gfx90a"]
+    assert rocm.gfx_of("hipv4-amdgcn-amd-amdhsa--gfx90a:sramecc+:xnack-") == ["gfx90a"]
     # a roc-obj-ls listing (bundle number, entry id, URI) reads the same
     listing = ("1       host-x86_64-unknown-linux-gnu-      file:///x/_C.abi3.so#offset=8&size=0\n"
                "1       hipv4-amdgcn-amd-amdhsa--gfx1100    file:///x/_C.abi3.so#offset=4096&size=2\n")
-    assert archsets.gfx_of(listing) == ["gfx1100"]
+    assert rocm.gfx_of(listing) == ["gfx1100"]
     # a compressed bundle without roc-obj-ls: never a pass
     packed = tmp_path / "packed.so"
-    packed.write_bytes(b"\x7fELF" + archsets.COMPRESSED_MAGIC + b"\x03\x00\x01\x00" + bytes(64))
-    found = archsets.offload_arches([str(packed)], roc_obj_ls=None)
+    packed.write_bytes(b"\x7fELF" + rocm.COMPRESSED_MAGIC + b"\x03\x00\x01\x00" + bytes(64))
+    found = rocm.offload_arches([str(packed)], roc_obj_ls=None)
     assert found.unlisted == [str(packed)]
     assert found.problems(["gfx1100"])[-1] == (
         "compiled gfx of packed.so", "gfx1100",
@@ -252,12 +253,12 @@ def test_offload_bundle_reader_and_listings(tmp_path: Path) -> None:
     (tmp_path / "listing.txt").write_text(listing)
     tool.write_text(f"#!/bin/sh\ncat {tmp_path / 'listing.txt'}\n")
     tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
-    found = archsets.offload_arches([str(packed)], roc_obj_ls=str(tool))
+    found = rocm.offload_arches([str(packed)], roc_obj_ls=str(tool))
     assert found.gfx == ["gfx1100"] and not found.unlisted
     # a host-only library is not counted
     plain = tmp_path / "plain.so"
     plain.write_bytes(b"\x7fELF" + bytes(128))
-    assert archsets.offload_arches([str(plain)]).by_library == {}
+    assert rocm.offload_arches([str(plain)]).by_library == {}
 
 
 # ----------------------------------------------------------------------------- identity
@@ -297,19 +298,19 @@ def test_gpu_device_facts() -> None:
 def test_rocm_preflight_reads_hipcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """hipcc's HIP version against the pin's; then the GPU, which this host lacks."""
     p = rocm_plan(tmp_path)
-    rocm = tmp_path / "rocm"
-    (rocm / "bin").mkdir(parents=True)
-    hipcc = rocm / "bin" / "hipcc"
+    rocm_home = tmp_path / "rocm"
+    (rocm_home / "bin").mkdir(parents=True)
+    hipcc = rocm_home / "bin" / "hipcc"
     hipcc.write_text(f"#!/bin/sh\ncat {DATA / 'hipcc-version.txt'}\n")
     hipcc.chmod(hipcc.stat().st_mode | stat.S_IXUSR)
-    assert host.hip_version((DATA / "hipcc-version.txt").read_text()) == "7.2.53211"
-    p.build_env["ROCM_HOME"] = str(rocm)
+    assert rocm.hip_version((DATA / "hipcc-version.txt").read_text()) == "7.2.53211"
+    p.build_env["ROCM_HOME"] = str(rocm_home)
     with pytest.raises(PreflightFailed, match="no AMD GPU answers"):
-        devices.rocm.preflight(p, {})  # the point where hardware is needed
+        rocm.DEVICE.preflight(p, {})  # the point where hardware is needed
     hipcc.write_text("#!/bin/sh\necho 'HIP version: 7.1.40091-abc'\n")
     with pytest.raises(PreflightFailed, match=re.escape(
             "reports HIP 7.1.40091; target gfx1100 pins HIP 7.2")):
-        devices.rocm.preflight(p, {})
+        rocm.DEVICE.preflight(p, {})
     hipcc.unlink()
     with pytest.raises(PreflightFailed, match="no hipcc under ROCM_HOME"):
-        devices.rocm.preflight(p, {})
+        rocm.DEVICE.preflight(p, {})

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from oracle_build import build
-from oracle_build.build import source, steps
+from oracle_build import recipe
 from oracle_build.contracts.pins import load_pin
 from oracle_build.core import layout
 from oracle_build.core.errors import BadInput, SourceError
+from oracle_build.recipe import source, steps
 from tests.conftest import planned_and_executed
 from tests.srcpkg import Repo, git, make_repo, write_pin
 
@@ -28,7 +28,7 @@ def test_builds_at_pinned_commit_with_scm_version(tmp_path: Path, repo: Repo) ->
     """Slow: two real builds of the small C-extension package from a real git repository (a
     clone, a wheel build, a venv), the second from the wheelhouse."""
     pin = load_pin(write_pin(tmp_path, repo))
-    outcome = build.build_oracle(pin, "cpu", home=tmp_path / "home",
+    outcome = recipe.build_oracle(pin, "cpu", home=tmp_path / "home",
                                  wheelhouse_root=tmp_path / "wh")
     ident = outcome.identity
     assert ident.ok, ident.mismatches
@@ -57,7 +57,7 @@ def test_builds_at_pinned_commit_with_scm_version(tmp_path: Path, repo: Repo) ->
     manifest = json.loads((tmp_path / "wh" / pin.key / "manifest.json").read_text())
     assert [v["origin"] for v in manifest["wheels"].values()] == ["built"]
     # a rebuild installs that wheel instead of building again
-    again = build.build_oracle(pin, "cpu", home=tmp_path / "home",
+    again = recipe.build_oracle(pin, "cpu", home=tmp_path / "home",
                                wheelhouse_root=tmp_path / "wh", rebuild=True)
     assert again.identity.ok
     record = json.loads((venv / "oracle-build" / "build-record.json").read_text())

@@ -13,13 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oracle_build import engine, judge
 from oracle_build import goldens as golden_mod
+from oracle_build import judge
 from oracle_build.cli import main
 from oracle_build.contracts.golden import load_golden
 from oracle_build.contracts.topk import TopKTable
 from oracle_build.core.errors import EXIT_BAD_INPUT, BadInput, EngineFailed, OutputFailed
 from oracle_build.core.files import sha256_file
+from oracle_build.engine.session import attach_topk
 from oracle_build.goldens import publish
 from oracle_build.interop import vllmcpp
 from tests.conftest import REPO, TINY_SPEC
@@ -248,7 +249,7 @@ def test_driver_arrays_are_checked(tmp_path: Path) -> None:
     arrays = {"r0_l0_lengths": table.lengths, "r0_l0_counts": table.counts,
               "r0_l0_ids": table.ids, "r0_l0_logprobs": table.logprobs.astype(np.float64)}
     raw = {"ok": True, "runs": [{"legs": [[{"token_ids": []} for _ in range(3)]]}]}
-    engine.attach_topk(raw, arrays, tmp_path / "log")
+    attach_topk(raw, arrays, tmp_path / "log")
     run = raw["runs"][0]
     assert run["leg_tables"][0].logprobs.dtype == np.float32
     assert run["legs"][0][1]["topk"][2] == list(table.rows(1))[2]
@@ -256,6 +257,6 @@ def test_driver_arrays_are_checked(tmp_path: Path) -> None:
     bad_ids[4, 0] = -7
     raw = {"ok": True, "runs": [{"legs": [[{} for _ in range(3)]]}]}
     with pytest.raises(EngineFailed, match="r0_l0_ids"):
-        engine.attach_topk(raw, {**arrays, "r0_l0_ids": bad_ids}, tmp_path / "log")
+        attach_topk(raw, {**arrays, "r0_l0_ids": bad_ids}, tmp_path / "log")
     with pytest.raises(EngineFailed, match="saved no top-k arrays"):
-        engine.attach_topk({"ok": True, "runs": []}, None, tmp_path / "log")
+        attach_topk({"ok": True, "runs": []}, None, tmp_path / "log")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from oracle_build import devices, host, identity, judge
+from oracle_build import devices, host, judge
 from oracle_build.cli import main
 from oracle_build.contracts.golden import load_golden, recorded
 from oracle_build.contracts.pins import KernelVariant, load_pin
@@ -24,6 +24,7 @@ from oracle_build.core.errors import (
     PreflightFailed,
 )
 from oracle_build.devices import cpu
+from oracle_build.oracle import identity
 from tests.conftest import (
     REPO,
     TINY_SPEC,

@@ -474,33 +474,33 @@ def test_control_characters_refused_in_pins(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_bytecode_source_and_fingerprint() -> None:
-    from oracle_build import manifest
+    from oracle_build.oracle import inventory
 
-    assert manifest.bytecode_source("lib/x/__pycache__/a.cpython-311.pyc") == "lib/x/a.py"
-    assert manifest.bytecode_source("lib/x/__pycache__/a.cpython-311.opt-1.pyc") == "lib/x/a.py"
-    assert manifest.bytecode_source("lib/x/sitecustomize.pyc") is None  # sourceless
-    assert manifest.bytecode_source("lib/x/__pycache__/a.b.cpython-311.pyc") is None
+    assert inventory.bytecode_source("lib/x/__pycache__/a.cpython-311.pyc") == "lib/x/a.py"
+    assert inventory.bytecode_source("lib/x/__pycache__/a.cpython-311.opt-1.pyc") == "lib/x/a.py"
+    assert inventory.bytecode_source("lib/x/sitecustomize.pyc") is None  # sourceless
+    assert inventory.bytecode_source("lib/x/__pycache__/a.b.cpython-311.pyc") is None
     sp = "lib/python3.11/site-packages"
     files = {f"{sp}/a.py": {"kind": "wheel", "sha256": "1" * 64},
              f"{sp}/__pycache__/a.cpython-311.pyc": {"kind": "bytecode", "sha256": "2" * 64},
              "pyvenv.cfg": {"kind": "venv", "sha256": "3" * 64},
              "bin/x": {"kind": "wheel", "sha256": "4" * 64, "relocated_from_sha256": "5" * 64},
              f"{sp}/a-1.dist-info/RECORD": {"kind": "wheel", "sha256": "6" * 64}}
-    base = manifest.fingerprint({"files": files})
+    base = inventory.fingerprint({"files": files})
     # what the venv or its installer writes with the venv's path in it does not move it
     moved = {**files, f"{sp}/__pycache__/a.cpython-311.pyc": {"kind": "bytecode",
                                                              "sha256": "7" * 64},
              "pyvenv.cfg": {"kind": "venv", "sha256": "8" * 64},
              "bin/x": {"kind": "wheel", "sha256": "9" * 64, "relocated_from_sha256": "a" * 64},
              f"{sp}/a-1.dist-info/RECORD": {"kind": "wheel", "sha256": "b" * 64}}
-    assert manifest.fingerprint({"files": moved}) == base
+    assert inventory.fingerprint({"files": moved}) == base
     # a file a wheel installs does
     changed = {**files, f"{sp}/a.py": {"kind": "wheel", "sha256": "c" * 64}}
-    assert manifest.fingerprint({"files": changed}) != base
+    assert inventory.fingerprint({"files": changed}) != base
 
 
 def test_library_rules() -> None:
-    from oracle_build.identity import library_mismatches
+    from oracle_build.oracle.identity import library_mismatches
 
     built = {"/usr/lib/libc.so.6": "a" * 64, "/py/lib/python3.11/lib-dynload/_ssl.so": "b" * 64}
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from oracle_build import build
-from oracle_build.build.wheelhouse import Wheelhouse
+from oracle_build import recipe
 from oracle_build.contracts.pins import load_pin
 from oracle_build.core import env as envmod
 from oracle_build.core import layout
 from oracle_build.core.errors import BadInput
-from oracle_build.oracle_venv import uv
+from oracle_build.oracle.venv import uv
+from oracle_build.recipe.wheelhouse import Wheelhouse
 from tests.conftest import CPU_PIN, BuiltOracle, linked_copy
 
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def test_rebuild_installs_the_same_set_and_tampered_wheel_is_refused(
     # a path uv has never seen: uv's own cache must not gain an unpacked oracle (issue 35;
     # before the build had a cache of its own, it grew by 3.4 GB here)
     cache, before = uv_cache_bytes()
-    outcome = build.build_oracle(pin, "cpu", home=home, wheelhouse_root=wh_root)
+    outcome = recipe.build_oracle(pin, "cpu", home=home, wheelhouse_root=wh_root)
     assert outcome.identity.ok
     _, after = uv_cache_bytes()
     assert after - before < 8 * 2**20, f"{cache} grew by {(after - before) / 2**20:.0f} MiB"

@@ -13,7 +13,6 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 from pydantic import ValidationError
 
-from oracle_build.build.wheelhouse import Wheelhouse
 from oracle_build.cache.artifact import WHEEL_FILE
 from oracle_build.cache.options import CacheOptions, PullResult
 from oracle_build.cache.ref import attestation_tag, tag_for
@@ -41,6 +40,7 @@ from oracle_build.core.errors import (
     as_data,
 )
 from oracle_build.core.log import fmt_seconds, say
+from oracle_build.recipe.wheelhouse import Wheelhouse
 
 
 def validated(model: type[Any], data: bytes, where: str) -> Any:

@@ -11,7 +11,6 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
-from oracle_build.build.wheelhouse import Wheelhouse
 from oracle_build.cache.artifact import canonical_json, document
 from oracle_build.cache.options import CacheOptions, PushResult
 from oracle_build.cache.ref import CacheRef, attestation_tag, tag_for
@@ -44,6 +43,7 @@ from oracle_build.core.errors import (
 )
 from oracle_build.core.files import read_text, sha256_file
 from oracle_build.core.log import fmt_seconds, say
+from oracle_build.recipe.wheelhouse import Wheelhouse
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from oracle_build import engine, goldens, judge
+from oracle_build import goldens, judge
+from oracle_build.checkpoints.resolve import recorded_model
 from oracle_build.commands.capture import make_job, prepare
 from oracle_build.commands.common import (
     EXIT_CODES_HELP,
@@ -20,13 +21,13 @@ from oracle_build.contracts.golden import Golden, golden_file, load_golden, reco
 from oracle_build.contracts.reports import DeterminismLeg, DeterminismReport, MarginReport
 from oracle_build.core import layout
 from oracle_build.core.errors import EXIT_OK, BadInput
-from oracle_build.models import recorded_model
-from oracle_build.oracles import Oracles
-from oracle_build.runs import run_from_golden, run_from_spec
+from oracle_build.engine.runs import run_from_golden, run_from_spec
+from oracle_build.engine.session import EngineSession
+from oracle_build.oracle.opening import Oracles
 
 
 def _session(golden: Golden, path: Path, home: Path, *,
-             changes: dict[str, Any] | None = None) -> engine.EngineSession:
+             changes: dict[str, Any] | None = None) -> EngineSession:
     """An engine session under a golden's recorded configuration (with ``changes``)."""
     rec = recorded(golden, path)
     pin = goldens.golden_pin(rec, path, unpack_to=layout.pins_dir(home))
@@ -34,7 +35,7 @@ def _session(golden: Golden, path: Path, home: Path, *,
     variant = goldens.run_variant(rec, path, pin.target(rec.oracle.target), None)
     oracle = Oracles(home).get(pin, rec.oracle.target, variant=variant)
     model = recorded_model(rec, path, home, oracle)
-    return engine.EngineSession(oracle, model, {**rec.engine.requested, **(changes or {})},
+    return EngineSession(oracle, model, {**rec.engine.requested, **(changes or {})},
                                 home)
 
 

@@ -58,7 +58,7 @@ def register(sub: Subparsers) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from oracle_build import build
+    from oracle_build import recipe
 
     pin, target = pin_and_target(args, plan_only=args.dry_run)
     home, wheelhouse = homes(args)
@@ -66,7 +66,7 @@ def run_build(args: argparse.Namespace) -> int:
     externals = args.externals or tool_variable("ORACLE_BUILD_EXTERNALS")
     ext_dir = Path(externals).resolve() if externals else None
     if args.dry_run:
-        p = build.plan(pin, target, home=home, wheelhouse_root=wheelhouse, mirror=mirror,
+        p = recipe.plan(pin, target, home=home, wheelhouse_root=wheelhouse, mirror=mirror,
                        externals_dir=ext_dir,
                        checkout=Path(args.checkout).resolve() if args.checkout else None)
         if args.json:
@@ -79,7 +79,7 @@ def run_build(args: argparse.Namespace) -> int:
     if opts is not None:
         def fill() -> None:
             pull_or_say(opts, pin, target, wheelhouse)
-    outcome = build.build_oracle(pin, target, home=home, wheelhouse_root=wheelhouse,
+    outcome = recipe.build_oracle(pin, target, home=home, wheelhouse_root=wheelhouse,
                                  mirror=mirror, externals_dir=ext_dir,
                                  checkout=Path(args.checkout).resolve() if args.checkout else None,
                                  rebuild=args.rebuild,

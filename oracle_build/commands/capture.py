@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oracle_build import devices, engine, goldens, host, judge
+from oracle_build import devices, goldens, host, judge
+from oracle_build.checkpoints.resolve import resolve_model
 from oracle_build.commands.common import (
     DEFAULT_SPEC,
     EXIT_CODES_HELP,
@@ -43,9 +44,9 @@ from oracle_build.core.errors import EXIT_OK, BadInput, EngineFailed, OutputFail
 from oracle_build.core.filelock import held
 from oracle_build.core.files import read_text, sha256_bytes, sha256_file
 from oracle_build.core.log import say
-from oracle_build.models import resolve_model
-from oracle_build.oracles import Oracle, Oracles, opened
-from oracle_build.runs import by_engine, engine_args, run_from_spec
+from oracle_build.engine.runs import by_engine, engine_args, run_from_spec
+from oracle_build.engine.session import EngineResult, EngineSession
+from oracle_build.oracle.opening import Oracle, Oracles, opened
 
 
 @dataclass
@@ -68,8 +69,8 @@ class Job:
         assert self.args is not None
         return self.oracle, self.model_path, self.args
 
-    def session(self, home: Path) -> engine.EngineSession:
-        return engine.EngineSession(*self.configuration(), home)
+    def session(self, home: Path) -> EngineSession:
+        return EngineSession(*self.configuration(), home)
 
 
 def make_job(path: Path, *, host_target: str | None = None, out: Path | None = None) -> Job:
@@ -106,7 +107,7 @@ def legs_record(run: dict[str, Any], ids: list[str]) -> LegsRecord:
                       disagreements=agreement.disagreements)
 
 
-def golden_from(job: Job, result: engine.EngineResult, run: dict[str, Any],
+def golden_from(job: Job, result: EngineResult, run: dict[str, Any],
                 durations: dict[str, float]) -> Golden:
     spec, oracle = job.spec, job.oracle
     assert job.model is not None and oracle is not None
@@ -155,7 +156,7 @@ def golden_from(job: Job, result: engine.EngineResult, run: dict[str, Any],
     )
 
 
-def weights_consumed(job: Job, result: engine.EngineResult) -> None:
+def weights_consumed(job: Job, result: EngineResult) -> None:
     """A generated model's every tensor must reach vLLM's loader: one it skips leaves that
     part of the model at its initial values, and the golden would test nothing there."""
     audit = result.result.weights or {}

@@ -12,7 +12,7 @@ from oracle_build import devices
 from oracle_build.contracts.pins import Pin
 from oracle_build.core.env import tool_variable
 from oracle_build.core.errors import PreflightFailed
-from oracle_build.identity import Identity
+from oracle_build.oracle.identity import Identity
 
 Subparsers = Any  # argparse's _SubParsersAction (private, and generic in typeshed)
 
@@ -65,7 +65,7 @@ def find_default_pin() -> Path:
         pin = load_pin(path)
         for target in pin.model.targets.values():
             if devices.fits(target, here)[0]:
-                candidates.append((0 if devices.module(target).GPU else 1, path))
+                candidates.append((devices.gpu_first(target), path))
                 break
     if not candidates:
         raise PreflightFailed(f"no pin under {PINS_DIR}/ has a target for this host",

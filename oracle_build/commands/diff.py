@@ -15,7 +15,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from oracle_build import devices, engine, host, judge, pages
+from oracle_build import devices, host, judge, pages
+from oracle_build.checkpoints.resolve import recorded_model
 from oracle_build.commands.common import (
     EXIT_CODES_HELP,
     Subparsers,
@@ -36,9 +37,9 @@ from oracle_build.core import layout
 from oracle_build.core.errors import EXIT_OK
 from oracle_build.core.files import atomic_write_json
 from oracle_build.core.log import say
-from oracle_build.models import recorded_model
-from oracle_build.oracles import Oracle, Oracles
-from oracle_build.runs import engine_args, run_from_golden
+from oracle_build.engine.runs import engine_args, run_from_golden
+from oracle_build.engine.session import EngineResult, EngineSession
+from oracle_build.oracle.opening import Oracle, Oracles
 
 
 def side(oracle: Oracle) -> OracleSide:
@@ -88,7 +89,7 @@ def diff(pin_a: Pin, pin_b: Pin, paths: list[Path], *, home: Path,
             say(f"==> {golden.name} ({n}/{len(goldens)}) on {label}: {oracle.pin.key}")
             model = recorded_model(rec, path, home, oracle)
             args = engine_args(dict(rec.engine.requested), oracle.target)
-            result = engine.EngineSession(oracle, model, args, home).run(
+            result = EngineSession(oracle, model, args, home).run(
                 [request], what="diff", name=f"{golden.name}-{label}",
                 pieces=set() if page is not None else None)
             if not result.ok:  # what moved can be that one oracle no longer runs it
@@ -135,7 +136,7 @@ def diff(pin_a: Pin, pin_b: Pin, paths: list[Path], *, home: Path,
     return report, dest
 
 
-def _recorded_as(rec: Any, result: engine.EngineResult, run: dict[str, Any]) -> Any:
+def _recorded_as(rec: Any, result: EngineResult, run: dict[str, Any]) -> Any:
     """The golden's record with A's run in place of the golden's configuration, so B's run
     is compared with A's, setting by setting, by verify's own comparison."""
     golden = rec.golden.model_copy(update={"sampling": run["sampling"]})

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from oracle_build import devices, engine, goldens, host, judge
+from oracle_build import devices, goldens, host, judge
+from oracle_build.checkpoints.resolve import recorded_model
 from oracle_build.commands.common import (
     EXIT_CODES_HELP,
     Subparsers,
@@ -38,9 +39,9 @@ from oracle_build.core import layout
 from oracle_build.core.errors import EXIT_OK, BadInput
 from oracle_build.core.files import atomic_write_json, sha256_file
 from oracle_build.core.log import fmt_seconds, say
-from oracle_build.models import recorded_model
-from oracle_build.oracles import Oracle, Oracles
-from oracle_build.runs import by_engine, engine_args, run_from_golden
+from oracle_build.engine.runs import by_engine, engine_args, run_from_golden
+from oracle_build.engine.session import EngineResult, EngineSession
+from oracle_build.oracle.opening import Oracle, Oracles
 
 BATCH = "batch"  # the pseudo-setting for batch composition
 # Settings known to move greedy numerics (BRIEF section 5), with the values tried.
@@ -220,7 +221,7 @@ class _State:
         for changes in group:
             _batch, calls = self._calls(changes)
             runs.append({**self.request, "name": _name(changes), "calls": calls})
-        session = engine.EngineSession(self.oracle, self.model, args, self.home)
+        session = EngineSession(self.oracle, self.model, args, self.home)
         result = session.run(runs, what="explain", name=self.golden.name)
         if not result.ok:  # a candidate the engine refuses is an answer, not a crash
             for changes in group:
@@ -237,7 +238,7 @@ class _State:
 
     def _judge(self, changes: dict[str, Any], args: dict[str, Any], batch: str,
                calls: list[list[int]], run: dict[str, Any], eng: dict[str, Any],
-               result: engine.EngineResult) -> CandidateResult:
+               result: EngineResult) -> CandidateResult:
         legs = run["legs"]
         ids = [p.id for p in self.golden.prompts]
         agree = judge.legs_agreement([[p["token_ids"] for p in leg] for leg in legs], ids).agree

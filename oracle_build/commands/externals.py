@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from oracle_build import devices
 from oracle_build.commands.common import (
     EXIT_CODES_HELP,
     Subparsers,
@@ -24,8 +25,8 @@ def register(sub: Subparsers) -> None:
         "Exit 0 when every commit is established, 10 when some are not (listed on stderr).",
         epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     ex.add_argument("--checkout", required=True, help="a vLLM checkout at the pinned commit")
-    ex.add_argument("--device", choices=["cuda", "cpu", "rocm"], default="cuda",
-                    help="the build's device (default cuda)")
+    ex.add_argument("--device", choices=devices.names(), default=devices.default_gpu(),
+                    help=f"the build's device (default {devices.default_gpu()})")
     ex.add_argument("--machine", choices=["x86_64", "aarch64"],
                     help="the build host's machine (default: this host's)")
     ex.add_argument("--externals", metavar="MIRRORS",
@@ -36,8 +37,8 @@ def register(sub: Subparsers) -> None:
 def run_externals(args: argparse.Namespace) -> int:
     import platform
 
-    from oracle_build.build.externals import externals_block
     from oracle_build.core.errors import EXIT_UNESTABLISHED
+    from oracle_build.recipe.externals import externals_block
 
     block = externals_block(Path(args.checkout), device=args.device,
                             machine=args.machine or platform.machine(),

@@ -34,9 +34,9 @@ def register(sub: Subparsers) -> None:
 
 
 def run_identity(args: argparse.Namespace) -> int:
-    from oracle_build import identity
     from oracle_build.core.errors import IdentityMismatch
     from oracle_build.core.layout import oracle_path
+    from oracle_build.oracle import identity
 
     pin, target = pin_and_target(args)
     home, _ = homes(args)

@@ -18,7 +18,7 @@ def register(sub: Subparsers) -> None:
 
 
 def run_lock(args: argparse.Namespace) -> int:
-    from oracle_build.build.lock import generate_lock
+    from oracle_build.recipe.lock import generate_lock
 
     generate_lock(Path(args.pin))
     return EXIT_OK

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oracle_build import devices, generators, host
+from oracle_build import devices, host
+from oracle_build.checkpoints import families
 from oracle_build.commands import capture as capture_cmd
 from oracle_build.commands import verify as verify_cmd
 from oracle_build.commands.common import (
@@ -55,7 +56,7 @@ from oracle_build.core.errors import (
 from oracle_build.core.files import atomic_write_bytes, atomic_write_json, read_text
 from oracle_build.core.layout import beside_record, build_record_path, utc_now
 from oracle_build.core.log import say
-from oracle_build.oracles import Oracle, Oracles
+from oracle_build.oracle.opening import Oracle, Oracles
 
 OK_LINE = verdicts.NUMERICS_OK
 DRIFT_LINE = verdicts.NUMERICS_DRIFT
@@ -183,7 +184,7 @@ def numerics(*, pin: Pin, pin_path: Path, target: str | None, battery: Path, hom
     out = Outcome(where)
     say(f"numerics battery: {len(specs)} members; golden set {where}")
     # every member's layout read from the oracle's transformers in one run, not one each
-    generators.layouts(list(generators.FAMILIES), oracle.venv,
+    families.layouts(list(families.FAMILIES), oracle.venv,
                        str(oracle.identity.summary()["transformers"]), home)
     present = [s for s in specs if (where / s.stem / "golden.json").exists()]
     missing = [s for s in specs if s not in present]

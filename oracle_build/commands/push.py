@@ -37,7 +37,8 @@ def register(sub: Subparsers) -> None:
 
 
 def run_push(args: argparse.Namespace) -> int:
-    from oracle_build import cache, identity
+    from oracle_build import cache
+    from oracle_build.oracle import identity
 
     opts = cache_options(args, required=True)
     assert opts is not None

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oracle_build import devices, engine, goldens, host, judge, pages
+from oracle_build import devices, goldens, host, judge, pages
+from oracle_build.checkpoints.resolve import recorded_model
 from oracle_build.commands.common import (
     EXIT_CODES_HELP,
     Subparsers,
@@ -51,11 +52,11 @@ from oracle_build.core.errors import (
 )
 from oracle_build.core.layout import utc_now
 from oracle_build.core.log import say
+from oracle_build.engine.runs import by_engine, engine_args, run_from_golden
+from oracle_build.engine.session import EngineResult, EngineSession
 from oracle_build.goldens import run_variant
-from oracle_build.models import recorded_model
-from oracle_build.oracles import Oracle, Oracles, opened
+from oracle_build.oracle.opening import Oracle, Oracles, opened
 from oracle_build.report import UNRECORDED_BANNER, ci_reports, render, verdict_words
-from oracle_build.runs import by_engine, engine_args, run_from_golden
 
 IDENTITY_FIELDS = ("vllm", "torch", "transformers", "flashinfer", "device")
 def records_complete(rec: Recorded, path: Path) -> None:
@@ -150,7 +151,7 @@ def token_results(golden: Golden, leg: list[dict[str, Any]], band: float) -> lis
             for i, (p, out) in enumerate(zip(golden.prompts, leg, strict=True))]
 
 
-def verdict(item: Item, result: engine.EngineResult, run: dict[str, Any]) -> GoldenVerdict:
+def verdict(item: Item, result: EngineResult, run: dict[str, Any]) -> GoldenVerdict:
     g = item.rec.golden
     new = {"engine": result.engine_record(), "environment": result.environment,
            "sampling": run["sampling"],
@@ -299,7 +300,7 @@ def verify(paths: list[Path], *, home: Path, oracles: Oracles | None = None,
         for n, group in enumerate(groups, start=1):
             lead = group[0]
             say(f"==> engine {n}/{len(groups)}: {', '.join(i.rec.golden.name for i in group)}")
-            session = engine.EngineSession(*lead.configuration(), home)
+            session = EngineSession(*lead.configuration(), home)
             wanted = None
             if page is not None:
                 wanted = set().union(*(pages.wanted_ids(p.token_ids, i.rec.golden.prompt_topk(n))

@@ -14,7 +14,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 from urllib.parse import urlparse
 
 from packaging.utils import canonicalize_name
@@ -153,31 +153,6 @@ class Build(Strict):
     _env = field_validator("env")(lambda v: _check_env(v))
 
 
-class External(Strict):
-    """A CMake FetchContent dependency, built from a local copy named by src_dir_var."""
-
-    name: SafeName  # becomes the folder its clone is put in: no separators, no ".."
-    repository: GitUrl
-    # the CMake variable naming the local copy; only a *_SRC_DIR name, so no pin reaches any
-    # other variable of the build's environment through it (VLLM_USE_PRECOMPILED, PATH)
-    src_dir_var: Annotated[str, Field(pattern=r"^[A-Z][A-Z0-9_]*_SRC_DIR$")]
-    commit: FullSha | UnestablishedValue
-    # the GIT_TAG the checkout's cmake declares when it names a tag (v4.7.1), not a commit;
-    # commit is then that tag resolved in a mirror, and the build checks both
-    tag: str | None = None
-    source: str | None = None  # where it was read (cmake file:line at the pin)
-    # the devices whose build fetches it (vLLM's cmake declares triton_kernels at one tag
-    # for CUDA and at another commit for ROCm); None: every device
-    devices: list[Literal["cpu", "cuda", "rocm"]] | None = None
-
-    @property
-    def established(self) -> bool:
-        return isinstance(self.commit, str)
-
-    def fetched_by(self, device: str) -> bool:
-        return self.devices is None or device in self.devices
-
-
 GFX = re.compile(r"^gfx[0-9a-f]{3,4}$")
 # What a schema-1 target held when it was one flat model: the content hash is taken over this
 # form (hashed_form), so a pin keeps its hash, its oracle's key and its goldens' pin_hash
@@ -283,6 +258,40 @@ class RocmTarget(TargetBase):
 
 
 Target = Annotated[CpuTarget | CudaTarget | RocmTarget, Field(discriminator="device")]
+# Each target model's discriminator is its device's name: the devices package has one module
+# per name (devices.MODULES; a test keeps the two equal), and a pin names no other.
+TARGET_MODELS = (CpuTarget, CudaTarget, RocmTarget)
+DEVICES: tuple[str, ...] = tuple(get_args(m.model_fields["device"].annotation)[0]
+                                 for m in TARGET_MODELS)
+if TYPE_CHECKING:
+    DeviceName = str
+else:
+    DeviceName = Literal[DEVICES]
+
+
+class External(Strict):
+    """A CMake FetchContent dependency, built from a local copy named by src_dir_var."""
+
+    name: SafeName  # becomes the folder its clone is put in: no separators, no ".."
+    repository: GitUrl
+    # the CMake variable naming the local copy; only a *_SRC_DIR name, so no pin reaches any
+    # other variable of the build's environment through it (VLLM_USE_PRECOMPILED, PATH)
+    src_dir_var: Annotated[str, Field(pattern=r"^[A-Z][A-Z0-9_]*_SRC_DIR$")]
+    commit: FullSha | UnestablishedValue
+    # the GIT_TAG the checkout's cmake declares when it names a tag (v4.7.1), not a commit;
+    # commit is then that tag resolved in a mirror, and the build checks both
+    tag: str | None = None
+    source: str | None = None  # where it was read (cmake file:line at the pin)
+    # the devices whose build fetches it (vLLM's cmake declares triton_kernels at one tag
+    # for CUDA and at another commit for ROCm); None: every device
+    devices: list[DeviceName] | None = None
+
+    @property
+    def established(self) -> bool:
+        return isinstance(self.commit, str)
+
+    def fetched_by(self, device: str) -> bool:
+        return self.devices is None or device in self.devices
 
 
 class PinModel(Strict):
@@ -312,7 +321,7 @@ class PinModel(Strict):
             dist_name(name)
         if not self.targets:
             raise ValueError("a pin needs at least one target")
-        for device in ("cpu", "cuda", "rocm"):
+        for device in DEVICES:
             names = [e.name for e in self.externals if e.fetched_by(device)]
             twice = sorted({n for n in names if names.count(n) > 1})
             if twice:

@@ -18,8 +18,8 @@ from oracle_build.core.files import load_toml, validate
 
 SPEC_SCHEMA = 1
 EngineValue = bool | int | float | str | list[int] | list[str] | None
-# The models oracle-build generates itself (oracle_build/generators.py defines each; a test
-# keeps the two lists equal).
+# The models oracle-build generates itself (oracle_build/checkpoints/families.py defines each;
+# a test keeps the two lists equal).
 GENERATED_MODELS = ("tiny-llama-v1", "tiny-llama-bf16-v1", "tiny-qwen3-v1",
                     "tiny-qwen3-moe-v1", "tiny-gemma2-v1", "tiny-nemotron-h-v1",
                     "tiny-qwen3-next-v1")

@@ -157,18 +157,25 @@ def load_json(path: Path) -> Any:
 
 # A discriminated union's tag appears in pydantic's error location after its field; files
 # never name it. Keyed by the field (golden.oracle: the tags "oracle" and "stated"), or by
-# the table holding one per key (a pin's targets.<name>: its device).
+# the table holding one per key (a pin's targets.<name>), with the key naming its tag there
+# (the target's "device": its value in the file is the tag, whatever devices there are).
 UNION_TAGS = {"oracle": {"oracle", "stated"}}
-UNION_TABLE_TAGS = {"targets": {"cpu", "cuda", "rocm"}}
+UNION_TABLE_TAGS = {"targets": "device"}
 
 
-def field_path(loc: tuple[int | str, ...]) -> str:
+def field_path(loc: tuple[int | str, ...], data: Any = None) -> str:
+    """Pydantic's error location as the file's own path to the field (``data``: what was
+    validated, where a table entry's union tag is read)."""
     out = ""
     for n, part in enumerate(loc):
         if n and part in UNION_TAGS.get(str(loc[n - 1]), ()):
             continue
-        if n > 1 and part in UNION_TABLE_TAGS.get(str(loc[n - 2]), ()):
-            continue
+        tag_key = UNION_TABLE_TAGS.get(str(loc[n - 2])) if n > 1 else None
+        if tag_key is not None:
+            table = data.get(loc[n - 2]) if isinstance(data, dict) and n == 2 else None
+            entry = table.get(loc[n - 1]) if isinstance(table, dict) else None
+            if isinstance(entry, dict) and entry.get(tag_key) == part:
+                continue
         if isinstance(part, int):
             out += f"[{part}]"
         else:
@@ -184,7 +191,7 @@ def validate(model: type[M], data: Any, path: Path, *, context: dict[str, Any] |
         problems = []
         for err in exc.errors(include_url=False):
             msg = err["msg"]
-            loc = field_path(err["loc"])
+            loc = field_path(err["loc"], data)
             m = FIELD_ERROR.match(msg)
             if m:  # a model validator naming the field inside the model (field_error)
                 sub = m.group(1)

@@ -1,39 +1,88 @@
-"""One module per device (cpu, cuda, rocm) behind one small interface (base.DeviceModule),
-as cibuildwheel keeps one module per platform: the build environment, the preflight, the
-wheel check, the identity rules and whether a host fits. Adding a device is one module
-here, its target model in contracts/pins.py, and one pin section.
+"""One module per device (cpu, cuda, rocm), each one ``base.Device`` subclass with the
+base's defaults, as cibuildwheel keeps one module per platform: the build environment, the
+preflight and its hints, the wheel check, the compiled-arch sets, CMake's view of the
+device, the identity rules and labels, this host's GPUs and toolchain, and whether a host
+fits. Adding a device is one module here, its entry in ``MODULES``, its target model in
+contracts/pins.py, and one pin section.
 
-Nothing outside this package branches on a target's device."""
+The device names come from ``MODULES``; nothing outside this package branches on a
+target's device or names one (tests/test_records.py's guard reads every module for it)."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from oracle_build.core.errors import PreflightFailed
 from oracle_build.devices import cpu, cuda, rocm
-from oracle_build.devices.base import (
-    NO_HOLD,
-    DeviceModule,
-    Hold,
-    Mismatch,
-    cmake_known,
-    wheel_libraries,
-)
+from oracle_build.devices.base import NO_HOLD, Device, Hold, Mismatch, wheel_libraries
 
 if TYPE_CHECKING:
     from oracle_build.contracts.pins import Pin, Target
-    from oracle_build.host import Host
+    from oracle_build.host import Gpu, Host
 
-__all__ = ["NO_HOLD", "DeviceModule", "Hold", "Mismatch", "choose_target", "cmake_known",
-           "fits", "held_name", "hold", "known_variants", "missing_instructions", "module",
-           "variant_mismatches", "wheel_libraries"]
+__all__ = ["MODULES", "NO_HOLD", "Device", "Hold", "Mismatch", "choose_target",
+           "cmake_known", "default_gpu", "detect_gpus", "fits", "gpu_first", "held_name",
+           "hold", "host_facts", "known_variants", "missing_instructions", "module", "names",
+           "variant_mismatches", "version_hints", "wheel_libraries"]
 
-MODULES: dict[str, DeviceModule] = {"cpu": cpu, "cuda": cuda, "rocm": rocm}
+MODULES: dict[str, Device] = {d.NAME: d for d in (cpu.DEVICE, cuda.DEVICE, rocm.DEVICE)}
 
 
-def module(target: Target | str) -> DeviceModule:
-    """The device module of a target (or of a device name)."""
+def module(target: Target | str) -> Device:
+    """The device of a target (or of a device name)."""
     return MODULES[target if isinstance(target, str) else target.device]
+
+
+def names() -> list[str]:
+    """Every device's name."""
+    return list(MODULES)
+
+
+def default_gpu() -> str:
+    """The device a command that reads a GPU build's sources assumes when none is named
+    (``externals --device``)."""
+    return next(name for name, d in MODULES.items() if d.GPU)
+
+
+def gpu_first(target: Target) -> int:
+    """A target's rank where several fit a host: a GPU target (0) before a CPU one (1)."""
+    return 0 if module(target).GPU else 1
+
+
+def detect_gpus() -> tuple[Gpu, ...]:
+    """This host's GPUs, each device asking its own tools (nvidia-smi, rocminfo...)."""
+    return tuple(gpu for d in MODULES.values() for gpu in d.detect())
+
+
+def host_facts(build_env: dict[str, str] | None) -> dict[str, Any]:
+    """The toolchain facts every device records for a host (nvcc's release...)."""
+    out: dict[str, Any] = {}
+    for d in MODULES.values():
+        out.update(d.host_facts(build_env))
+    return out
+
+
+def version_hints() -> list[tuple[re.Pattern[str], str]]:
+    """What a built version's local segment says, per device (setup.py's suffixes)."""
+    return [hint for d in MODULES.values() for hint in d.VERSION_HINTS]
+
+
+def cmake_known(device: str, machine: str) -> dict[str, str | None]:
+    """The CMake variables a configure of vLLM for ``device`` on ``machine`` sets, as the
+    checkout's externals scan reads its if() branches: the device's own "found" variables
+    TRUE, every other device's FALSE."""
+    own = module(device).CMAKE_FOUND
+    found = {v: "TRUE" if v in own else "FALSE" for d in MODULES.values() for v in d.CMAKE_FOUND}
+    return {
+        "VLLM_TARGET_DEVICE": device,
+        "CMAKE_SYSTEM_PROCESSOR": machine,
+        **found,
+        "ASIMD_FOUND": "TRUE" if machine == "aarch64" else "FALSE",
+        "APPLE_SILICON_FOUND": "FALSE",
+        "POWER9_FOUND": "FALSE", "POWER10_FOUND": "FALSE", "POWER11_FOUND": "FALSE",
+        "S390_FOUND": "FALSE", "RVV_FP16_FOUND": "FALSE", "RVV_BF16_FOUND": "FALSE",
+    }
 
 
 def hold(target: Target, asked: str | None = None) -> Hold:
@@ -95,8 +144,7 @@ def choose_target(pin: Pin, h: Host, requested: str | None = None) -> str:
             )
         return requested
     reasons = []
-    gpu_first = sorted(pin.model.targets.items(), key=lambda kv: not module(kv[1]).GPU)
-    for name, target in gpu_first:
+    for name, target in sorted(pin.model.targets.items(), key=lambda kv: gpu_first(kv[1])):
         ok, why = fits(target, h)
         if ok:
             return name

@@ -1,19 +1,23 @@
-"""The interface every device module provides, and what the modules share."""
+"""What every device answers (``Device``, with the defaults of a device that needs nothing),
+and what the device modules share."""
 
 from __future__ import annotations
 
+import re
 import tempfile
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from oracle_build.core.errors import PreflightFailed
 
 if TYPE_CHECKING:
-    from oracle_build.build.plan import Plan
     from oracle_build.contracts.pins import Target
-    from oracle_build.host import Host
+    from oracle_build.host import Gpu, Host
+    from oracle_build.recipe.plan import Plan
 
 Mismatch = tuple[str, str, str]
 
@@ -36,30 +40,31 @@ class Hold:
 NO_HOLD = Hold(requested=None, variant=None)
 
 
-def no_hold(target: Target, asked: str | None, flags: frozenset[str],
-            host_variant: str | None) -> Hold:
-    """``hold`` for a device whose numbers do not depend on the host CPU's kernel variant."""
-    if asked not in (None, "native"):
-        from oracle_build.core.errors import PreflightFailed
+class Device:
+    """What every device answers, with the defaults of a device that needs nothing (no
+    toolchain to check, no compiled-arch set, no kernel variant to hold, no GPU to find).
+    Each device module subclasses it, overrides what is its own, and exposes one instance
+    as ``DEVICE``; ``devices.MODULES`` lists them. Nothing outside the devices package
+    branches on a device: it asks the target's ``Device``."""
 
-        raise PreflightFailed(f"CPU kernel variant {asked}: a {target.device} target runs no "
-                              "CPU kernel variant", hint="--kernel-variant is for CPU targets")
-    return NO_HOLD
-
-
-class DeviceModule(Protocol):
-    """What each device module provides (module-level names)."""
-
-    NAME: str
+    NAME: ClassVar[str]
     # the torch device the identity probe runs its kernel on (ROCm's torch runs HIP through
     # the torch.cuda API: its probe device is "cuda" too)
-    PROBE_DEVICE: str
-    GPU: bool
-    BUILD_MEMORY_FLOOR_GIB: float
-    BUILD_DISK_GIB: float
+    PROBE_DEVICE: ClassVar[str]
+    GPU: ClassVar[bool] = False
+    BUILD_MEMORY_FLOOR_GIB: ClassVar[float] = 2.0
+    BUILD_DISK_GIB: ClassVar[float] = 8.0
     # whether the oracle's numbers depend on the host CPU's kernel variant (vLLM's CPU build
     # loads AVX2 or AVX-512 kernels by the CPU): goldens and battery sets are keyed by it
-    BY_CPU_VARIANT: bool
+    BY_CPU_VARIANT: ClassVar[bool] = False
+    # the CMake "found" variables vLLM's configure sets TRUE for this device (every other
+    # device's are FALSE): the checkout's externals scan evaluates its if() branches by them
+    CMAKE_FOUND: ClassVar[tuple[str, ...]] = ()
+    # what a built version's local segment says about this device's build (setup.py's
+    # suffixes), beside the hints every build shares (recipe/steps.py)
+    VERSION_HINTS: ClassVar[tuple[tuple[re.Pattern[str], str], ...]] = ()
+    # the toolchain and driver the plan's preflight step checks, as the plan says it
+    PREFLIGHT_ABOUT: ClassVar[str] = ""
 
     def build_env(self, target: Target, env: dict[str, str]) -> None:
         """Add to the wheel build's environment (the pin's and the target's build_env
@@ -70,47 +75,56 @@ class DeviceModule(Protocol):
 
     def wheel_check_about(self, target: Target) -> str:
         """What check-wheel checks beyond the version ('' when nothing)."""
+        return ""
 
-    def check_wheel(self, plan: Plan, libraries: list[Path], root: Path) -> dict[str, Any] | None:
+    def check_wheel(self, plan: Plan, libraries: list[Path],
+                    root: Path) -> dict[str, Any] | None:
         """The built wheel's compiled code against the target (BuildFailed); its facts."""
+        return None
 
     def compiled(self, target: Target,
                  libraries: list[str]) -> tuple[list[str] | None, list[Mismatch]]:
         """The compiled arch set of the loaded extensions (None: a device without one), and
         what is not the target's."""
+        return None, []
 
     def device_mismatches(self, target: Target, facts: dict[str, Any],
                           held: Hold) -> list[Mismatch]:
         """The probe's device facts (machine, GPU, kernel variant) against the target and
         the kernel variant the run is held to."""
+        if facts.get("machine") != target.machine:
+            return [("machine", target.machine, str(facts.get("machine")))]
+        return []
 
     def hold(self, target: Target, asked: str | None, flags: frozenset[str],
              host_variant: str | None) -> Hold:
         """The kernel variant this run's processes are held to (NO_HOLD: a device whose
         numbers do not depend on the host CPU); PreflightFailed when the host cannot."""
+        if asked not in (None, "native"):
+            raise PreflightFailed(f"CPU kernel variant {asked}: a {target.device} target runs "
+                                  "no CPU kernel variant",
+                                  hint="--kernel-variant is for CPU targets")
+        return NO_HOLD
 
     def fits(self, target: Target, h: Host) -> tuple[bool, str]:
         """Whether the host's hardware is this target's (machine already checked)."""
+        return True, self.NAME
 
     def engine_args(self, args: dict[str, Any]) -> None:
         """Refuse engine arguments this device cannot run safely (PreflightFailed)."""
 
+    def detect(self) -> tuple[Gpu, ...]:
+        """This host's GPUs of this device, asked of its own tools (``host.host()`` asks
+        each device once per process)."""
+        return ()
 
+    def host_facts(self, build_env: dict[str, str] | None) -> dict[str, Any]:
+        """The toolchain facts a record keeps for this device (``host.facts``)."""
+        return {}
 
-def cmake_known(device: str, machine: str) -> dict[str, str | None]:
-    """The CMake variables a configure of vLLM for ``device`` on ``machine`` sets, as the
-    checkout's externals scan reads its if() branches."""
-    return {
-        "VLLM_TARGET_DEVICE": device,
-        "CMAKE_SYSTEM_PROCESSOR": machine,
-        "CUDA_FOUND": "TRUE" if device == "cuda" else "FALSE",
-        "HIP_FOUND": "TRUE" if device == "rocm" else "FALSE",
-        "PYTORCH_FOUND_HIP": "TRUE" if device == "rocm" else "FALSE",
-        "ASIMD_FOUND": "TRUE" if machine == "aarch64" else "FALSE",
-        "APPLE_SILICON_FOUND": "FALSE",
-        "POWER9_FOUND": "FALSE", "POWER10_FOUND": "FALSE", "POWER11_FOUND": "FALSE",
-        "S390_FOUND": "FALSE", "RVV_FP16_FOUND": "FALSE", "RVV_BF16_FOUND": "FALSE",
-    }
+    def label(self, facts: dict[str, Any]) -> str:
+        """How an identity names the probed device (its GPU, or the machine)."""
+        return f"{self.NAME} {facts.get('machine', '')}".strip()
 
 
 @contextmanager

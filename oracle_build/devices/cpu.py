@@ -10,24 +10,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from oracle_build.core.env import CPU_NUMERICS
 from oracle_build.core.errors import PreflightFailed
-from oracle_build.devices.base import Hold, Mismatch
+from oracle_build.devices.base import Device, Hold, Mismatch
 
 if TYPE_CHECKING:
-    from oracle_build.build.plan import Plan
     from oracle_build.contracts.pins import Target
-    from oracle_build.host import Host
-
-NAME = "cpu"
-PROBE_DEVICE = "cpu"
-GPU = False
-BUILD_MEMORY_FLOOR_GIB = 2.0
-BUILD_DISK_GIB = 8.0
-BY_CPU_VARIANT = True
 
 # The pin's word for "whatever this host's CPU calls for" (today's behaviour before holding).
 NATIVE = "native"
@@ -134,37 +124,6 @@ def hold(target: Target, asked: str | None, flags: frozenset[str],
                 library=v.library, torch_capability=v.torch_capability)
 
 
-def build_env(target: Target, env: dict[str, str]) -> None:
-    return None
-
-
-def preflight(plan: Plan, facts: dict[str, Any]) -> None:
-    return None
-
-
-def wheel_check_about(target: Target) -> str:
-    return ""
-
-
-def check_wheel(plan: Plan, libraries: list[Path], root: Path) -> dict[str, Any] | None:
-    return None
-
-
-def compiled(target: Target, libraries: list[str]) -> tuple[list[str] | None, list[Mismatch]]:
-    return None, []
-
-
-def device_mismatches(target: Target, facts: dict[str, Any], held: Hold) -> list[Mismatch]:
-    bad: list[Mismatch] = []
-    if facts.get("machine") != target.machine:
-        bad.append(("machine", target.machine, str(facts.get("machine"))))
-    kernels = facts.get("cpu_kernels")
-    if kernels is None:
-        return bad
-    bad += variant_mismatches(held, kernels)
-    return bad
-
-
 def variant_mismatches(held: Hold, kernels: dict[str, Any]) -> list[Mismatch]:
     """The variant in force in a process (its mapped kernel library, torch's dispatch level,
     the hold it applied) against the one asked for: another variant is never a silent run."""
@@ -187,12 +146,32 @@ def variant_mismatches(held: Hold, kernels: dict[str, Any]) -> list[Mismatch]:
     return bad
 
 
-def fits(target: Target, h: Host) -> tuple[bool, str]:
-    return True, "cpu"
+class Cpu(Device):
+    NAME = "cpu"
+    PROBE_DEVICE = "cpu"
+    BY_CPU_VARIANT = True
+
+    def hold(self, target: Target, asked: str | None, flags: frozenset[str],
+             host_variant: str | None) -> Hold:
+        return hold(target, asked, flags, host_variant)
+
+    def device_mismatches(self, target: Target, facts: dict[str, Any],
+                          held: Hold) -> list[Mismatch]:
+        bad: list[Mismatch] = []
+        if facts.get("hold_error"):  # the probe could not apply the hold before vLLM loaded
+            bad.append(("cpu kernel variant held", str(held.variant), facts["hold_error"]))
+        bad += super().device_mismatches(target, facts, held)
+        kernels = facts.get("cpu_kernels")
+        if kernels is None:
+            return bad
+        bad += variant_mismatches(held, kernels)
+        return bad
+
+    def engine_args(self, args: dict[str, Any]) -> None:
+        if not args.get("kv_cache_memory_bytes"):
+            raise PreflightFailed(
+                "a CPU engine needs kv_cache_memory_bytes (it would size its KV cache from free "
+                "host memory: 21 GiB of 24 seen)", hint="set engine.kv_cache_memory_bytes")
 
 
-def engine_args(args: dict[str, Any]) -> None:
-    if not args.get("kv_cache_memory_bytes"):
-        raise PreflightFailed(
-            "a CPU engine needs kv_cache_memory_bytes (it would size its KV cache from free "
-            "host memory: 21 GiB of 24 seen)", hint="set engine.kv_cache_memory_bytes")
+DEVICE = Cpu()

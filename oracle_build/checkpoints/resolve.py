@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from oracle_build import generators
+from oracle_build.checkpoints import families
 from oracle_build.contracts.golden import (
     ModelRecord,
     Recorded,
@@ -20,7 +20,7 @@ from oracle_build.core.errors import (
     PreflightFailed,
 )
 from oracle_build.core.files import load_json, sha256_file
-from oracle_build.oracles import Oracle
+from oracle_build.oracle.opening import Oracle
 
 MODEL_FILE_GLOBS = ("*.json", "*.safetensors", "*.bin", "*.model", "*.txt", "*.tiktoken")
 
@@ -40,7 +40,7 @@ def resolve_model(spec: ModelSpec, base: Path, home: Path,
     generated battery model takes its layout from ``oracle``'s transformers."""
     if spec.generate:
         path = layout.model_dir(home, spec.generate)
-        generators.generate(spec.generate, path, home=home,
+        families.generate(spec.generate, path, home=home,
                             venv=oracle.venv if oracle else None,
                             transformers=oracle.identity.summary()["transformers"]
                             if oracle else None)

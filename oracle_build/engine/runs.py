@@ -15,7 +15,7 @@ from oracle_build.contracts.golden import (
 )
 from oracle_build.contracts.pins import Target
 from oracle_build.contracts.spec import SamplingSpec, Spec
-from oracle_build.oracles import Oracle
+from oracle_build.oracle.opening import Oracle
 
 T = TypeVar("T")
 

@@ -12,16 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from oracle_build import identity, manifest
-from oracle_build.build.plan import Plan, plan
-from oracle_build.build.steps import run
 from oracle_build.contracts.pins import Pin
 from oracle_build.contracts.record import RECORD_SCHEMA
 from oracle_build.core import layout
 from oracle_build.core.errors import IdentityMismatch
 from oracle_build.core.filelock import held
 from oracle_build.core.log import fmt_seconds, say
-from oracle_build.oracle_venv import OracleVenv
+from oracle_build.oracle import identity, inventory
+from oracle_build.oracle.venv import OracleVenv
+from oracle_build.recipe.plan import Plan, plan
+from oracle_build.recipe.steps import run
 
 __all__ = ["BuildOutcome", "Plan", "build_oracle", "plan", "run"]
 
@@ -56,7 +56,7 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
     with held(layout.build_lock(home, pin.key), what=f"build_oracle {pin.key}", wait=wait):
         if oracle.is_real_dir() and (not oracle.has_record() or (
                 record_schema(oracle) >= RECORD_SCHEMA
-                and not manifest.anchor_path(oracle.path).is_file())):
+                and not inventory.anchor_path(oracle.path).is_file())):
             aside = layout.set_aside(home, "incomplete", pin.key)
             os.rename(oracle.path, aside)
             say(f"{oracle.path} has no build record or no anchor (an interrupted publish?): "

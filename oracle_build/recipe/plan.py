@@ -16,18 +16,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from oracle_build import devices
-from oracle_build.build import source
-from oracle_build.build.checkout import KNOWN_SWITCHES, CheckoutFacts, pin_problems, read_checkout
-from oracle_build.build.wheelhouse import Wheelhouse
 from oracle_build.contracts.pins import GitSource, Pin, Target, WheelSource
 from oracle_build.contracts.probe import ResolvedPlan
 from oracle_build.core import env as envmod
 from oracle_build.core import layout
 from oracle_build.core.proc import Cmd
-from oracle_build.oracle_venv import uv
+from oracle_build.oracle.venv import uv
+from oracle_build.recipe import source
+from oracle_build.recipe.checkout import KNOWN_SWITCHES, CheckoutFacts, pin_problems, read_checkout
+from oracle_build.recipe.wheelhouse import Wheelhouse
 
 if TYPE_CHECKING:
-    from oracle_build.build.steps import BuildState
+    from oracle_build.recipe.steps import BuildState
 
 # Removed from the wheel build's environment whatever the caller set: each makes the
 # build take kernels from elsewhere or stamp a version it did not compute.
@@ -211,7 +211,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
     """``checkout``: a tree at the pinned commit to read the build's facts from now
     (externals, switches, requirements, Rust); without it the build reads them from its
     own clone before configure, and refuses there what it would refuse here."""
-    from oracle_build.build import steps as act
+    from oracle_build.recipe import steps as act
 
     target = pin.target(target_name)
     venv = layout.oracle_path(home, pin.key)
@@ -231,8 +231,9 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                        "--find-links", str(wh.root), "--no-deps", "--require-hashes",
                        "-r", str(files("requirements.lock.txt")), cache=cache)
 
-    steps.append(Step("preflight", "disk space, Python, host memory; for CUDA the toolkit, "
-                      "nvcc and driver; for ROCm hipcc, its HIP version and the amdgpu driver",
+    about = devices.module(target).PREFLIGHT_ABOUT
+    steps.append(Step("preflight", "disk space, Python, host memory" + (f"; {about}" if about
+                                                                        else ""),
                       act.preflight))
     steps.append(Step("venv", f"create the staging venv (python {pin.model.python})",
                       act.commands, [_uv("venv", "--python", pin.model.python, "--no-project",

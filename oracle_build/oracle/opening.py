@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oracle_build import devices, identity, manifest
+from oracle_build import devices
 from oracle_build.contracts.pins import Pin, Target
 from oracle_build.core import layout
 from oracle_build.core.errors import (
@@ -18,7 +18,9 @@ from oracle_build.core.errors import (
 )
 from oracle_build.core.files import sha256_file
 from oracle_build.core.log import say
-from oracle_build.oracle_venv import EngineHost, OracleVenv
+from oracle_build.engine.host import EngineHost, serve
+from oracle_build.oracle import identity, inventory
+from oracle_build.oracle.venv import OracleVenv
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
         + (f" (CPU kernel variant {hold.variant}, held)" if hold.inside else ""))
     hosts: list[EngineHost] = []
     if engine_log is not None:
-        engine_host = venv.serve(identity.probe_args(target), env=engine_env(target, hold),
+        engine_host = serve(venv, identity.probe_args(target), env=engine_env(target, hold),
                                  log=engine_log)
         # every file hashed (not only those whose size or mtime moved: both can be put back)
         # while the host imports vLLM; no engine starts before the hashes agree
@@ -90,20 +92,20 @@ def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
         raise IdentityMismatch(ident.mismatches, where=str(venv.path),
                                hint="`build_oracle -- --rebuild` replaces a drifted oracle")
     digest = sha256_file(venv.record_path) if venv.has_record() else ""
-    anchor = manifest.read_anchor(venv.path) or {}
+    anchor = inventory.read_anchor(venv.path) or {}
     return Oracle(pin, target_name, target, venv, ident, digest,
                   anchor.get("content_fingerprint"), hosts, hold)
 
 
-def deep_files(venv: Path) -> manifest.Check | None:
+def deep_files(venv: Path) -> inventory.Check | None:
     """Every file of the venv hashed against its anchored manifest; None when the manifest
     cannot be read (identity.check then says why)."""
-    recorded, problems = manifest.load(venv)
+    recorded, problems = inventory.load(venv)
     if recorded is None or problems:
         return None
     say(f"    hashing every file of the oracle ({len(recorded['files'])}) while its python "
         "imports vLLM for the identity probe")
-    return manifest.check(venv, recorded, deep=True)
+    return inventory.check(venv, recorded, deep=True)
 
 
 @dataclass

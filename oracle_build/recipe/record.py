@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from oracle_build import host, identity, manifest
-from oracle_build.build.plan import UV_VERSION
+from oracle_build import host
 from oracle_build.contracts.pins import GitSource
 from oracle_build.contracts.record import (
     RECORD_SCHEMA,
@@ -25,10 +24,12 @@ from oracle_build.contracts.record import (
 from oracle_build.core import layout
 from oracle_build.core.errors import IdentityMismatch
 from oracle_build.core.files import atomic_write_json, sha256_file
-from oracle_build.oracle_venv import OracleVenv
+from oracle_build.oracle import identity, inventory
+from oracle_build.oracle.venv import OracleVenv
+from oracle_build.recipe.plan import UV_VERSION
 
 if TYPE_CHECKING:
-    from oracle_build.build.steps import BuildState
+    from oracle_build.recipe.steps import BuildState
 
 def build_record(state: BuildState, ident: identity.Identity, *, manifest_summary: ManifestSummary,
                  content_fingerprint: str, timings: dict[str, float]) -> BuildRecord:
@@ -49,7 +50,7 @@ def build_record(state: BuildState, ident: identity.Identity, *, manifest_summar
         pin=p.pin.summary(),
         target={"name": p.target_name, **p.target.model_dump(mode="json")},
         resolved=p.resolved(),
-        host=host.facts(p.build_env.get("CUDA_HOME")),
+        host=host.facts(p.build_env),
         installer=Installer(uv=UV_VERSION, pip_for_wheel_build=(
             p.pin.model.build.pip if isinstance(p.pin.model.vllm, GitSource) else None)),
         origin=state.origin,
@@ -85,11 +86,11 @@ def publish(state: BuildState) -> identity.Identity:
     # checked against its wheel's RECORD: written before the rename, like the record
     start = time.monotonic()
     relocated = staged.retarget_scripts(p.venv)
-    files = manifest.build(p.staging_venv, relocated=relocated,
-                           startup=manifest.outside_startup(ident.facts, p.staging_venv),
+    files = inventory.build(p.staging_venv, relocated=relocated,
+                           startup=inventory.outside_startup(ident.facts, p.staging_venv),
                            hashed=state.hashed)
-    atomic_write_json(manifest.path(p.staging_venv), files)
-    fingerprint = manifest.fingerprint(files)
+    atomic_write_json(inventory.path(p.staging_venv), files)
+    fingerprint = inventory.fingerprint(files)
     summary = ManifestSummary(
         files=len(files["files"]), symlinks=len(files["symlinks"]),
         bytecode=sum(1 for f in files["files"].values() if f["kind"] == "bytecode"),
@@ -128,7 +129,7 @@ def publish(state: BuildState) -> identity.Identity:
     atomic_write_json(final_venv.record_path, published.model_dump(mode="json"))
     # the anchor, outside the venv: written last, once the record is final (an oracle without
     # its anchor is an interrupted publish, never the oracle)
-    manifest.write_anchor(p.venv, manifest_sha256=sha256_file(manifest.path(p.venv)),
+    inventory.write_anchor(p.venv, manifest_sha256=sha256_file(inventory.path(p.venv)),
                           record_sha256=sha256_file(final_venv.record_path),
                           content_fingerprint=fingerprint)
     if replaced is not None:

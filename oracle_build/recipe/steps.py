@@ -17,10 +17,7 @@ from typing import Any, Literal
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from oracle_build import devices, host, identity, manifest
-from oracle_build.build import checkout, record, source
-from oracle_build.build.plan import DOWNLOAD_LIST, TORCH_DOWNLOAD_LIST, Plan, Step
-from oracle_build.build.wheelhouse import Wheelhouse
+from oracle_build import devices, host
 from oracle_build.contracts.lock import LockEntry
 from oracle_build.contracts.pins import GitSource
 from oracle_build.contracts.record import (
@@ -43,7 +40,11 @@ from oracle_build.core.errors import (
 from oracle_build.core.files import dumps_json, sha256_file
 from oracle_build.core.layout import utc_now, uv_cache_dir
 from oracle_build.core.log import Steps, say
-from oracle_build.oracle_venv import uv
+from oracle_build.oracle import identity, inventory
+from oracle_build.oracle.venv import uv
+from oracle_build.recipe import checkout, record, source
+from oracle_build.recipe.plan import DOWNLOAD_LIST, TORCH_DOWNLOAD_LIST, Plan, Step
+from oracle_build.recipe.wheelhouse import Wheelhouse
 
 
 @dataclass
@@ -55,7 +56,7 @@ class BuildState:
     origin: Literal["built", "wheelhouse", "fetched"] = "wheelhouse"
     identity: identity.Identity | None = None
     tree: checkout.CheckoutFacts | None = None  # what the source step read from the clone
-    hashed: manifest.Hashed | None = None  # the venv's files, hashed during the identity step
+    hashed: inventory.Hashed | None = None  # the venv's files, hashed during the identity step
 
 
 def _run(state: BuildState, cmd: proc.Cmd, *, check: bool = True,
@@ -268,22 +269,20 @@ def build_requirements(state: BuildState, step: Step) -> None:
     commands(state, step)
 
 
+# what a built version's local segment says, for every device's build
 VERSION_HINTS = [
     (re.compile(r"\+.*precompiled"), "VLLM_USE_PRECOMPILED was seen by the build: kernels "
      "came from a nightly wheel"),
     (re.compile(r"\+.*\.d\d{8}"), "the tree was dirty when setuptools-scm ran"),
-    (re.compile(r"\+.*\.cu\d+"), "nvcc's CUDA differs from VLLM_MAIN_CUDA_VERSION at this "
-     "commit; if this is the intended toolkit, set the pin's distribution_version to it "
-     "after review"),
     (re.compile(r"^0\.1\.dev"), "the clone had no tags or was shallow"),
-    (re.compile(r"[+.]rocm\d+"), "setup.py appends .rocm + the first three digits of ROCm's "
-     "version (librocm-core under ROCM_HOME, else torch.version.hip): this host's ROCm is not "
-     "the one the target's dist_version_suffix names"),
 ]
 
 
 def version_hint(version: str) -> str:
-    return "; ".join(why for pattern, why in VERSION_HINTS if pattern.search(version))
+    """What a built version's local segment says: the hints every build shares, then each
+    device's (devices.version_hints)."""
+    hints = [*VERSION_HINTS, *devices.version_hints()]
+    return "; ".join(why for pattern, why in hints if pattern.search(version))
 
 
 def check_wheel(state: BuildState, step: Step) -> None:
@@ -360,7 +359,7 @@ def identity_(state: BuildState, step: Step) -> None:
     p = state.plan
     stop = threading.Event()
     with ThreadPoolExecutor(1, thread_name_prefix="hash") as pool:
-        hashing = pool.submit(manifest.hash_files, p.staging_venv, stop)
+        hashing = pool.submit(inventory.hash_files, p.staging_venv, stop)
         try:
             ident = identity.check(p.pin, p.target, p.staging_venv, log=p.log, staged=True)
         except BaseException:

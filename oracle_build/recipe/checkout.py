@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oracle_build.build.cmake import Declared, scan_externals
-from oracle_build.build.requirements import (
+from oracle_build import devices
+from oracle_build.recipe.cmake import Declared, scan_externals
+from oracle_build.recipe.requirements import (
     Requirements,
     build_requirements,
     split_torch,
@@ -87,7 +88,7 @@ class CheckoutFacts:
 def read_checkout(checkout: Path, *, device: str, machine: str,
                   preferred_requirements: str = "auto") -> CheckoutFacts:
     facts = CheckoutFacts(scan_externals(checkout, device=device, machine=machine))
-    for other in ("cuda", "cpu", "rocm"):
+    for other in devices.names():
         if other != device:
             names = {d.name for d in facts.externals}
             facts.other_device_externals[other] = [

@@ -240,7 +240,7 @@ class _Frame:
     current: Tri  # whether the branch being walked is taken
 
 
-def scan_externals(checkout: Path, *, device: str = "cuda",
+def scan_externals(checkout: Path, *, device: str,
                    machine: str = "x86_64") -> list[Declared]:
     """Every external a build of ``device`` on ``machine`` fetches, in configure order."""
     checkout = checkout.resolve()

@@ -19,7 +19,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from oracle_build import devices, manifest
+from oracle_build import devices
 from oracle_build.contracts.pins import GitSource, Pin, Target
 from oracle_build.contracts.probe import ProbeFacts
 from oracle_build.contracts.record import load_record
@@ -28,7 +28,8 @@ from oracle_build.core.env import RECORDED_PREFIXES
 from oracle_build.core.errors import BadInput, BuildFailed, IdentityMismatch, as_data
 from oracle_build.core.files import sha256_file, validate
 from oracle_build.devices import Hold
-from oracle_build.oracle_venv import OracleVenv
+from oracle_build.oracle import inventory
+from oracle_build.oracle.venv import OracleVenv
 
 OK_LINE = verdicts.IDENTITY_OK
 MISMATCH_LINE = verdicts.IDENTITY_MISMATCH
@@ -38,9 +39,10 @@ MISMATCH_LINE = verdicts.IDENTITY_MISMATCH
 class Identity:
     venv: Path
     facts: dict[str, Any]
+    device: str  # the target's device: its module reads the probe's device facts
     mismatches: list[tuple[str, str, str]] = field(default_factory=list)
     compiled_sm: list[str] | None = None
-    files: manifest.Check | None = None
+    files: inventory.Check | None = None
 
     @property
     def ok(self) -> bool:
@@ -74,14 +76,8 @@ class Identity:
         return variant if isinstance(variant, str) else None
 
     def device_label(self) -> str:
-        torch = self.facts.get("modules", {}).get("torch", {})
-        devices = torch.get("devices") or []
-        if devices:
-            d = devices[0]
-            if d.get("gcn_arch"):
-                return f"{d['name']} {str(d['gcn_arch']).split(':', 1)[0]}"
-            return f"{d['name']} sm_{d['capability'].replace('.', '')}"
-        return f"cpu {self.facts.get('machine', '')}".strip()
+        """The probed device as its device module names it (the target's, when known)."""
+        return devices.module(self.device).label(self.facts)
 
     def block(self) -> str:
         s = {k: as_data(str(v)) if v else v for k, v in self.summary().items()
@@ -225,8 +221,6 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any],
     if not kernel.get("ok"):
         bad.append(("compiled kernel", f"{target.kernel_check} runs",
                     str(kernel.get("error") or kernel)))
-    if facts.get("hold_error"):
-        bad.append(("cpu kernel variant held", str(hold.variant), facts["hold_error"]))
     bad += devices.module(target).device_mismatches(target, facts, hold)
     return bad
 
@@ -234,7 +228,7 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any],
 def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
           staged: bool = False, deep: bool = False,
           facts: dict[str, Any] | None = None,
-          files: manifest.Check | None = None, hold: Hold | None = None) -> Identity:
+          files: inventory.Check | None = None, hold: Hold | None = None) -> Identity:
     """Probe ``venv`` (or take ``facts`` its engine host's probe wrote). Outside staging a
     venv without build_oracle's record is incomplete (an interrupted publish, or a venv made
     by hand) and never passes; every file is compared with the manifest the build wrote, the
@@ -249,29 +243,29 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
         # the probe (a process importing vLLM) runs while every file is checked here
         with ThreadPoolExecutor(1, thread_name_prefix="probe") as pool:
             probing = pool.submit(run_probe, venv, target, log=log, hold=hold)
-            loaded = manifest.load(venv)
+            loaded = inventory.load(venv)
             if loaded[0] is not None:
-                files = manifest.check(venv, loaded[0], deep=deep)
+                files = inventory.check(venv, loaded[0], deep=deep)
             facts = probing.result()
     elif facts is None:
         facts = run_probe(venv, target, log=log, hold=hold)
     else:
         facts["machine"] = platform.machine()
     probe_answer(facts, venv)
-    ident = Identity(venv=venv, facts=facts)
+    ident = Identity(venv=venv, facts=facts, device=target.device)
     ident.mismatches = compare(pin, target, venv, facts, hold)
     if not staged and not oracle.has_record():
         ident.mismatches.append(("build record", str(oracle.record_path),
                                  "missing: not a venv build_oracle completed"))
     elif not staged:
-        recorded, problems = loaded if loaded is not None else manifest.load(venv)
+        recorded, problems = loaded if loaded is not None else inventory.load(venv)
         ident.mismatches += problems
         if recorded is not None:
-            ident.files = files if files is not None else manifest.check(venv, recorded,
+            ident.files = files if files is not None else inventory.check(venv, recorded,
                                                                          deep=deep)
             ident.mismatches += ident.files.mismatches
-            ident.mismatches += manifest.check_startup(recorded,
-                                                       manifest.outside_startup(facts, venv))
+            ident.mismatches += inventory.check_startup(recorded,
+                                                       inventory.outside_startup(facts, venv))
             ident.mismatches += record_checks(venv, facts)
     libs = [e["path"] for e in facts.get("extensions", [])]
     ident.compiled_sm, problems = devices.module(target).compiled(target, libs)
@@ -289,7 +283,7 @@ def outside_libraries(facts: dict[str, Any]) -> dict[str, str]:
 def record_checks(venv: Path, facts: dict[str, Any]) -> list[tuple[str, str, str]]:
     """The build record against the anchor (the record is never edited after publish), and
     this process's mapped libraries against those the build's process mapped."""
-    anchor = manifest.read_anchor(venv) or {}
+    anchor = inventory.read_anchor(venv) or {}
     record_file = OracleVenv(venv).record_path
     digest = sha256_file(record_file)
     if digest != anchor.get("build_record_sha256"):
@@ -335,7 +329,8 @@ def relocated(pin: Pin, target: Target, ident: Identity, old: Path, new: Path) -
     milliseconds), and carry the full facts over to the new path, compared again."""
     prefix, origin = OracleVenv(new).locate()
     moved = replace_path(ident.facts, old, new)
-    result = Identity(venv=new, facts=moved, compiled_sm=ident.compiled_sm)
+    result = Identity(venv=new, facts=moved, device=ident.device,
+                      compiled_sm=ident.compiled_sm)
     result.mismatches = compare(pin, target, new, moved)
     if prefix != os.path.realpath(new):
         result.mismatches.append(("sys.prefix (after the move)", os.path.realpath(new),

@@ -31,7 +31,7 @@ from oracle_build.core.errors import (
 from oracle_build.core.filelock import held
 from oracle_build.core.files import validate
 from oracle_build.core.log import say
-from oracle_build.oracles import Oracle, engine_env
+from oracle_build.oracle.opening import Oracle, engine_env
 
 BACKEND_LOG = re.compile(r"Using (?:the )?([A-Za-z0-9_]+) (?:attention )?backend", re.I)
 

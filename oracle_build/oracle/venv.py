@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from oracle_build.core import env as envmod
 from oracle_build.core import layout, proc
 from oracle_build.core.errors import BadInput, OracleMissing
 
-INSIDE = Path(__file__).parent / "inside"
+INSIDE = Path(__file__).parent.parent / "inside"
 # How the oracle's python runs every script of ours: isolated (-I: no PYTHON* variables, no
 # user site, no script folder on sys.path) and never writing bytecode (-B; -I makes it ignore
 # PYTHONDONTWRITEBYTECODE): a probe or an engine never writes into the oracle (a patched
@@ -93,25 +92,8 @@ class OracleVenv:
                               capture=log is None, check=False, echo=echo, what=what,
                               timeout=timeout)
             data = json.loads(out.read_text()) if out.exists() else None
-            arrays = _arrays(Path(neutral), data)
+            arrays = arrays_beside(Path(neutral), data)
         return Answer(data, result, arrays)
-
-    def serve(self, probe_args: Sequence[str], *, env: Mapping[str, str] | None,
-              log: Path) -> EngineHost:
-        """Start the engine host (``driver.py --serve``): it probes its own identity first
-        and then waits; ``EngineHost.facts`` returns what it found."""
-        self.require()
-        folder = tempfile.TemporaryDirectory(prefix="oracle-driver-")
-        facts = Path(folder.name) / "facts.json"
-        try:
-            live = proc.Live([str(self.python), *RUN_FLAGS, str(INSIDE / "driver.py"), "--serve",
-                              str(facts), *probe_args],
-                             env=envmod.oracle_env(env), cwd=Path(folder.name), log=log,
-                             what="vLLM engine host", stdin=True)
-        except BaseException:
-            folder.cleanup()
-            raise
-        return EngineHost(self, live, folder, log)
 
     def locate(self) -> tuple[str | None, str | None]:
         """Where this python says its prefix is and where vllm resolves, without importing
@@ -162,7 +144,7 @@ def real(path: Path) -> str:
     return os.path.realpath(path)
 
 
-def _arrays(folder: Path, data: Any) -> dict[str, Any] | None:
+def arrays_beside(folder: Path, data: Any) -> dict[str, Any] | None:
     name = data.get("arrays_file") if isinstance(data, dict) else None
     if name is None:
         return None
@@ -174,52 +156,3 @@ def _arrays(folder: Path, data: Any) -> dict[str, Any] | None:
             return {key: z[key] for key in z.files}
     except (OSError, ValueError) as exc:
         raise BadInput(path, [("<file>", f"not a readable .npz: {exc}")]) from None
-
-
-class EngineHost:
-    """A driver started with ``--serve``: identity facts first (vLLM imported once), then
-    at most one engine run, or none (``close``: the harness refused the oracle)."""
-
-    def __init__(self, venv: OracleVenv, live: proc.Live,
-                 folder: tempfile.TemporaryDirectory[str], log: Path) -> None:
-        self.venv, self.live, self.folder, self.log = venv, live, folder, log
-        self.used = False
-
-    @property
-    def _dir(self) -> Path:
-        return Path(self.folder.name)
-
-    def facts(self, timeout: float = 600) -> dict[str, Any] | None:
-        """The probe's facts once written; None when the host ended without them."""
-        path = self._dir / "facts.json"
-        deadline = time.monotonic() + timeout
-        while not path.exists():
-            if not self.live.alive() or time.monotonic() > deadline:
-                self.close()
-                return None
-            time.sleep(0.05)
-        data: dict[str, Any] = json.loads(path.read_text())
-        return data
-
-    def run(self, request: Any) -> Answer:
-        """Hand the host its one request; wait for its answer."""
-        if self.used:
-            raise RuntimeError("an engine host runs one request")
-        self.used = True
-        req, out = self._dir / "request.json", self._dir / "answer.json"
-        req.write_text(json.dumps(request))
-        try:
-            self.live.send(f"run {req.name} {out.name}")  # the host runs in this folder
-            result = self.live.finish(check=False)
-            data = json.loads(out.read_text()) if out.exists() else None
-            return Answer(data, result, _arrays(self._dir, data))
-        finally:
-            self.folder.cleanup()
-
-    def close(self) -> None:
-        """No engine after all: the host exits on end of input."""
-        self.used = True
-        try:
-            self.live.stop()
-        finally:
-            self.folder.cleanup()

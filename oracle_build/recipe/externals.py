@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from oracle_build.build.checkout import read_checkout
 from oracle_build.contracts.base import FULL_SHA
+from oracle_build.recipe.checkout import read_checkout
 
 
 def _toml_str(value: str) -> str:
@@ -26,7 +26,7 @@ def externals_block(checkout: Path, *, device: str, machine: str,
     """The pin's [[externals]] for a build of ``device`` on ``machine`` from this checkout:
     a commit stays a commit; a tag is resolved to its commit in ``mirrors/<name>`` (a local
     git mirror named as the external), or recorded as unestablished with the reason."""
-    from oracle_build.build.source import git
+    from oracle_build.recipe.source import git
 
     facts = read_checkout(checkout, device=device, machine=machine)
     lines = [f"# [[externals]] of {checkout} for a {device} build on {machine}, read from its "

@@ -22,20 +22,20 @@ from typing import Any
 
 import numpy as np
 
-from oracle_build import tinymodel
+from oracle_build.checkpoints import tiny
 from oracle_build.core.errors import BadInput, EngineFailed, ModelMismatch
 from oracle_build.core.files import atomic_write_bytes, load_json
 from oracle_build.core.log import say
-from oracle_build.oracle_venv import OracleVenv
+from oracle_build.oracle.venv import OracleVenv
 
-LEGACY = tinymodel.NAME  # "tiny-llama-v1"
+LEGACY = tiny.NAME  # "tiny-llama-v1"
 
 # Shared by every family: the size that keeps an engine start near its floor on 2 cores,
 # and the tiny byte-level tokenizer (vocab 300) of the embedded default.
 BASE: dict[str, Any] = {
     "hidden_size": 128,
-    "vocab_size": tinymodel.VOCAB,
-    "max_position_embeddings": tinymodel.MAX_POS,
+    "vocab_size": tiny.VOCAB,
+    "max_position_embeddings": tiny.MAX_POS,
     "rms_norm_eps": 1e-5,
     "bos_token_id": 1,
     "eos_token_id": 2,
@@ -129,7 +129,7 @@ def values(generator: str, name: str, shape: list[int]) -> np.ndarray:
     their stable ranges, biases small."""
     family = BY_GENERATOR[generator]
     count = math.prod(shape)
-    u = tinymodel.uniform(f"{generator}:{name}", count).reshape(shape)
+    u = tiny.uniform(f"{generator}:{name}", count).reshape(shape)
     leaf = name.rsplit(".", 1)[-1] if name.endswith((".weight", ".bias")) else name
     base = name.rsplit(".", 2)[-2] if name.endswith((".weight", ".bias")) else ""
     if len(shape) >= 2:
@@ -162,9 +162,9 @@ def family_files(family: Family, tensors: dict[str, list[int]]) -> dict[str, byt
     for name, shape in tensors.items():
         x = values(family.generator, name, shape)
         arrays[name] = to_bf16_bits(x) if family.dtype == "bfloat16" else x
-    files = tinymodel.files()
-    files["config.json"] = tinymodel.json_bytes(family.config_json())
-    files["model.safetensors"] = tinymodel.safetensors_bytes(arrays, generator=family.generator)
+    files = tiny.files()
+    files["config.json"] = tiny.json_bytes(family.config_json())
+    files["model.safetensors"] = tiny.safetensors_bytes(arrays, generator=family.generator)
     return files
 
 
@@ -172,7 +172,7 @@ def family_files(family: Family, tensors: dict[str, list[int]]) -> dict[str, byt
 
 
 def _layout_cache(home: Path, family: Family, transformers: str) -> Path:
-    key = hashlib.sha256(tinymodel.json_bytes(family.config_json())).hexdigest()[:16]
+    key = hashlib.sha256(tiny.json_bytes(family.config_json())).hexdigest()[:16]
     return home / "models" / ".layouts" / transformers / f"{family.generator}-{key}.json"
 
 
@@ -227,7 +227,7 @@ def layouts(families: list[Family], venv: OracleVenv, transformers: str,
                 raise EngineFailed(f"{family.generator}: transformers built "
                                    f"{layout['class']}, not {family.architecture}")
             cache = _layout_cache(home, family, transformers)
-            atomic_write_bytes(cache, tinymodel.json_bytes(layout))
+            atomic_write_bytes(cache, tiny.json_bytes(layout))
             out[family.generator] = layout
     return out
 
@@ -238,7 +238,7 @@ def generate(name: str, dest: Path, *, home: Path, venv: OracleVenv | None = Non
     differ); return {file: sha256}. The battery's generators need the oracle venv whose
     transformers defines their layout."""
     if name == LEGACY:
-        return tinymodel.generate(dest)
+        return tiny.generate(dest)
     family = BY_GENERATOR.get(name)
     if family is None:
         raise ModelMismatch(f"no generator {name!r} (known: {', '.join(NAMES)})")
@@ -246,4 +246,4 @@ def generate(name: str, dest: Path, *, home: Path, venv: OracleVenv | None = Non
         raise ModelMismatch(f"generator {name} reads its layout from an oracle's "
                             "transformers; no oracle was given")
     layout = layouts([family], venv, transformers, home)[family.generator]
-    return tinymodel.write_files(dest, family_files(family, layout["tensors"]))
+    return tiny.write_files(dest, family_files(family, layout["tensors"]))
