@@ -40,7 +40,6 @@ sys.path.insert(0, str(REPO))
 
 from oracle_build import goldens, host, judge  # noqa: E402
 from oracle_build.checkpoints.resolve import recorded_model  # noqa: E402
-from oracle_build.commands.verify import records_complete, token_results  # noqa: E402
 from oracle_build.contracts.golden import load_golden, recorded  # noqa: E402
 from oracle_build.contracts.spec import load_spec  # noqa: E402
 from oracle_build.contracts.topk import TopKTable  # noqa: E402
@@ -50,6 +49,7 @@ from oracle_build.core.filelock import held  # noqa: E402
 from oracle_build.engine.runs import run_from_golden  # noqa: E402
 from oracle_build.goldens import publish  # noqa: E402
 from oracle_build.oracle.opening import engine_env, open_oracle  # noqa: E402
+from oracle_build.services.verify import records_complete, token_results  # noqa: E402
 
 GOLDEN = REPO / "goldens" / "tiny-llama-greedy"
 BARE = """

@@ -32,7 +32,6 @@ from oracle_build.cache.ref import CacheRef, attestation_tag, parse, tag_for
 from oracle_build.cache.registry import Credentials, Registry, credentials_for
 from oracle_build.cache.signing import generate, load_signing_key, load_trusted, verify
 from oracle_build.cli import main
-from oracle_build.commands.numerics import fingerprint, set_dir
 from oracle_build.contracts.pins import load_pin
 from oracle_build.contracts.record import load_record
 from oracle_build.core.errors import (
@@ -45,6 +44,7 @@ from oracle_build.core.errors import (
     RegistryAuth,
     RegistryError,
 )
+from oracle_build.services.numerics import fingerprint, set_dir
 from tests import registry as regmod
 from tests.conftest import CPU_PIN, REPO, BuiltOracle
 from tests.test_numerics import copy_battery
@@ -1025,11 +1025,11 @@ def test_a_malformed_registry_answer_is_exit_15_not_an_internal_error(
 def test_build_with_a_cache_builds_past_every_malformed_answer(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """`build --cache` fills its wheelhouse through `pull_or_say` (commands/build.py) before
+    """`build --cache` fills its wheelhouse through `pull_or_say` (cache/__init__.py) before
     its fetch step: for every malformed answer above, and a registry's 500, it says why and
     goes on building without the cache, never aborting (issue 31 item 6)."""
+    from oracle_build.cache import pull_or_say
     from oracle_build.cache import registry as regmodule
-    from oracle_build.commands.build import pull_or_say
 
     monkeypatch.setattr(regmodule, "RETRIES", 1)  # the 500's retries are test_retries'
     pin = load_pin(CPU_PIN)

@@ -15,12 +15,12 @@ import pytest
 from oracle_build import judge
 from oracle_build.checkpoints import tiny
 from oracle_build.cli import main
-from oracle_build.commands.capture import capture
 from oracle_build.contracts import schemas
 from oracle_build.contracts.golden import RESOLVED_KEYS as REQUIRED_RESOLVED
 from oracle_build.contracts.golden import OracleRecord, load_golden
 from oracle_build.contracts.spec import load_spec
 from oracle_build.core.errors import BadInput, ModelMismatch, Refused
+from oracle_build.services.capture import capture
 from tests.conftest import REPO, TINY_SPEC, BuiltOracle, Captured
 
 # ---------------------------------------------------------------- fast: spec validation
@@ -337,7 +337,7 @@ def test_shared_configuration_means_one_engine_start(cpu_oracle: BuiltOracle, tm
     assert [p.parent.name for p in written] == ["alpha", "beta"]
     assert err.count("==> engine") == 1 and "==> engine 1/1: alpha, beta" in err
     assert [len(p.token_ids) for p in load_golden(written[1]).prompts] == [12, 12, 12]
-    from oracle_build.commands.verify import verify
+    from oracle_build.services.verify import verify
 
     report = verify(written, home=cpu_oracle.home)
     err = capsys.readouterr().err

@@ -10,8 +10,8 @@ import jsonschema
 import pytest
 
 from oracle_build.cli import main
-from oracle_build.commands.explain import parse_vary
 from oracle_build.contracts import schemas
+from oracle_build.services.explain import parse_vary
 from tests.conftest import BuiltOracle, copy_tree_for_golden, golden_says
 
 

@@ -20,7 +20,6 @@ import pytest
 from oracle_build import devices, host
 from oracle_build.checkpoints import families
 from oracle_build.cli import main
-from oracle_build.commands.numerics import set_dir
 from oracle_build.contracts.spec import GENERATED_MODELS, load_spec
 from oracle_build.core.errors import (
     EXIT_DRIFT,
@@ -30,6 +29,7 @@ from oracle_build.core.errors import (
     EXIT_REFUSED,
 )
 from oracle_build.oracle.venv import OracleVenv
+from oracle_build.services.numerics import set_dir
 from tests.conftest import REPO, TINY_SPEC, BuiltOracle
 
 BATTERY = REPO / "goldens" / "numerics"

@@ -257,8 +257,8 @@ def test_another_variant_than_the_goldens_is_a_configuration_difference(
 
 def test_a_logprob_difference_from_another_cpu_model_is_not_held_never_drift(
         tmp_path: Path) -> None:
-    from oracle_build.commands.numerics import differences
     from oracle_build.contracts.reports import GoldenVerdict
+    from oracle_build.services.numerics import differences
 
     folder = copy_tree_for_golden(tmp_path)
     doc = json.loads((folder / "golden.json").read_text())

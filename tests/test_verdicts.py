@@ -327,7 +327,7 @@ def test_unforeseen_error_is_70_with_a_log(tmp_path: Path, capsys: pytest.Captur
     def broken(*_a: object, **_k: object) -> None:
         raise ZeroDivisionError("a bug of ours")
 
-    monkeypatch.setattr(compare, "compare_candidate", broken)
+    monkeypatch.setattr(compare, "compare", broken)
     monkeypatch.setenv("ORACLE_BUILD_HOME", str(tmp_path / "home"))
     code, _o, err = run(capsys, "compare", str(GOLDEN), str(candidate(tmp_path, own_prompts())))
     assert code == 70

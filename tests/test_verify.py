@@ -12,10 +12,10 @@ import pytest
 
 from oracle_build import judge as compare
 from oracle_build.cli import main
-from oracle_build.commands.verify import exit_code
 from oracle_build.contracts import schemas
 from oracle_build.contracts.golden import load_golden
 from oracle_build.core.errors import BadInput
+from oracle_build.services.verify import exit_code
 from tests.conftest import REPO, TINY_SPEC, BuiltOracle, copy_tree_for_golden, golden_says
 
 

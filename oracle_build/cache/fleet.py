@@ -22,7 +22,13 @@ from oracle_build.cache.options import CacheOptions
 from oracle_build.cache.pull import find_envelope, validated
 from oracle_build.cache.signing import load_trusted, verify
 from oracle_build.contracts.cache import ARTIFACT_TYPE, Manifest, OracleConfig, Statement
-from oracle_build.core.errors import CacheRefused, NotCached, RegistryError, as_data
+from oracle_build.core.errors import (
+    CacheRefused,
+    NotCached,
+    RegistryError,
+    UntrustedSigner,
+    as_data,
+)
 
 ORACLE_TAG = re.compile(r"^pin-[0-9a-f]{16}\.[A-Za-z0-9_-]{1,64}$")
 
@@ -96,9 +102,7 @@ def signature(reg: Any, where: str, out: Listed, trusted_file: Path) -> None:
     try:
         out.signed_by, payload = verify(envelope, trusted, trusted_file=trusted_file)
         out.signature = "trusted"
-    except CacheRefused as exc:
-        if "does not trust" not in exc.message:
-            raise
+    except UntrustedSigner:
         out.signature = "untrusted (" + ", ".join(as_data(s.keyid, 64)
                                                   for s in envelope.signatures) + ")"
         payload = base64.b64decode(envelope.payload)  # shown, not believed

@@ -37,6 +37,7 @@ from oracle_build.core.errors import (
     CacheRefused,
     NotCached,
     Refused,
+    UntrustedSigner,
     as_data,
 )
 from oracle_build.core.log import fmt_seconds, say
@@ -104,8 +105,8 @@ def _provenance(reg: Registry, opts: CacheOptions, pin: Pin, target_name: str,
     trusted = load_trusted(trusted_file) if trusted_file.is_file() else {}
     try:
         signed_by, payload = verify(envelope, trusted, trusted_file=trusted_file)
-    except CacheRefused as exc:
-        if not (opts.allow_untrusted and "does not trust" in exc.message):
+    except UntrustedSigner as exc:
+        if not opts.allow_untrusted:
             raise
         signed_by = None
         payload = base64.b64decode(envelope.payload)

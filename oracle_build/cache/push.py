@@ -152,7 +152,7 @@ def _put_manifest_complete(reg: Registry, data: bytes, blobs: list[_Blob]) -> st
         try:
             return reg.put_manifest(digest, data)
         except RegistryError as exc:
-            if "MANIFEST_BLOB_UNKNOWN" not in exc.codes or attempt == 3:
+            if not exc.blob_unknown or attempt == 3:
                 raise
         missing = [b for b in blobs if not reg.has_blob(f"sha256:{b.sha256}")]
         say(f"    the registry lost {len(missing)} blob(s) meanwhile; uploading them again")

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from oracle_build.contracts.cache import INTOTO_PAYLOAD, Envelope, Signature
-from oracle_build.core.errors import BadInput, CacheRefused, OutputFailed, as_data
+from oracle_build.core.errors import BadInput, CacheRefused, OutputFailed, UntrustedSigner, as_data
 from oracle_build.core.files import read_text
 
 KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}-[0-9]{1,6}$")
@@ -142,7 +142,7 @@ def verify(envelope: Envelope, trusted: dict[str, Ed25519PublicKey], *,
                                "not verify: "
                                "the statement or the signature was altered") from None
         return signature.keyid, payload
-    raise CacheRefused(f"the provenance is signed by {', '.join(names)}, which "
+    raise UntrustedSigner(f"the provenance is signed by {', '.join(names)}, which "
                        f"{trusted_file} does not trust",
                        hint="add the builder's public key line to that file if you trust it "
                        "(`oracle-build keygen` printed it), or --allow-untrusted")

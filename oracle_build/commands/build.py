@@ -22,8 +22,7 @@ from oracle_build.core.errors import EXIT_OK
 from oracle_build.core.log import say
 
 if TYPE_CHECKING:
-    from oracle_build.cache import CacheOptions
-    from oracle_build.contracts.pins import Pin
+    pass
 
 
 def register(sub: Subparsers) -> None:
@@ -58,7 +57,7 @@ def register(sub: Subparsers) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from oracle_build import recipe
+    from oracle_build import cache, recipe
 
     pin, target = pin_and_target(args, plan_only=args.dry_run)
     home, wheelhouse = homes(args)
@@ -78,7 +77,7 @@ def run_build(args: argparse.Namespace) -> int:
     fill = None
     if opts is not None:
         def fill() -> None:
-            pull_or_say(opts, pin, target, wheelhouse)
+            cache.pull_or_say(opts, pin, target, wheelhouse)
     outcome = recipe.build_oracle(pin, target, home=home, wheelhouse_root=wheelhouse,
                                  mirror=mirror, externals_dir=ext_dir,
                                  checkout=Path(args.checkout).resolve() if args.checkout else None,
@@ -88,38 +87,5 @@ def run_build(args: argparse.Namespace) -> int:
     if not outcome.built:
         say(f"identity re-checked in {outcome.seconds:.1f}s (nothing rebuilt)")
     if opts is not None:
-        push_or_say(opts, pin, target, home, wheelhouse)
+        cache.push_or_say(opts, pin, target, home, wheelhouse)
     return EXIT_OK
-
-
-def pull_or_say(opts: CacheOptions, pin: Pin, target: str, wheelhouse: Path) -> None:
-    """Pull into the wheelhouse; a cache that lacks it, refuses it or cannot be reached is
-    said (why, and that the build goes on as without a cache), never fatal here."""
-    from oracle_build import cache
-    from oracle_build.core.errors import CacheRefused, NotCached, RegistryAuth, RegistryError
-
-    try:
-        cache.pull(opts, pin, target, wheelhouse_root=wheelhouse)
-    except NotCached:
-        say(f"cache: {opts.ref} holds no oracle for {pin.key} ({target}): building it")
-    except CacheRefused as exc:
-        say(f"cache: REFUSED: {exc.message}\ncache: nothing of it was kept; building from the "
-            "pin instead")
-    except (RegistryError, RegistryAuth) as exc:
-        say(f"cache: {exc.label}: {exc.message}\ncache: building without it")
-
-
-def push_or_say(opts: CacheOptions, pin: Pin, target: str, home: Path,
-                wheelhouse: Path) -> None:
-    """After identity passed: push when a signing key is given and the cache lacks it."""
-    from oracle_build import cache
-    from oracle_build.core.errors import OracleBuildError
-
-    if opts.signing_key is None:
-        say("cache: no signing key (--signing-key / ORACLE_BUILD_SIGNING_KEY): not pushing")
-        return
-    try:
-        cache.push(opts, pin, target, home=home, wheelhouse_root=wheelhouse)
-    except OracleBuildError as exc:  # the oracle is built and proven; the push is extra
-        say(f"cache: push failed ({exc.label}): {exc.message}; the oracle itself is fine "
-            "(`oracle-build push` retries)")

@@ -1,285 +1,22 @@
-"""capture: identity -> preflight -> engine (one start per configuration) -> golden.
-
-Specs in one call that share an engine configuration share one engine start. A golden
-records the configuration the engine resolved, read back from it; legs that disagree stop
-the publish unless a non-deterministic golden is asked for.
-"""
+"""The ``capture`` command: its arguments and --help, one call to services/capture.py, and
+what it prints."""
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from oracle_build import devices, goldens, host, judge
-from oracle_build.checkpoints.resolve import resolve_model
 from oracle_build.commands.common import (
-    DEFAULT_SPEC,
     EXIT_CODES_HELP,
     Subparsers,
     add_home_args,
     add_variant_arg,
     homes,
 )
-from oracle_build.contracts.golden import (
-    GOLDEN_SCHEMA,
-    EmbeddedPin,
-    Golden,
-    LegsRecord,
-    ModelRecord,
-    OracleRecord,
-    PromptRecord,
-    ReplacedRecord,
-    RunRecord,
-    load_golden,
+from oracle_build.core.errors import EXIT_OK
+from oracle_build.services.capture import (
+    capture,
 )
-from oracle_build.contracts.pins import Pin, load_pin
-from oracle_build.contracts.spec import Spec, load_spec, spec_file
-from oracle_build.core import layout, verdicts
-from oracle_build.core.errors import EXIT_OK, BadInput, EngineFailed, OutputFailed, Refused
-from oracle_build.core.filelock import held
-from oracle_build.core.files import read_text, sha256_bytes, sha256_file
-from oracle_build.core.log import say
-from oracle_build.engine.runs import by_engine, engine_args, run_from_spec
-from oracle_build.engine.session import EngineResult, EngineSession
-from oracle_build.oracle.opening import Oracle, Oracles, opened
-
-
-@dataclass
-class Job:
-    spec: Spec
-    spec_path: Path
-    golden_path: Path
-    pin: Pin
-    target_name: str
-    pin_path: Path
-    oracle: Oracle | None = None
-    model_path: Path | None = None
-    model: ModelRecord | None = None
-    args: dict[str, Any] | None = None
-    variant: str | None = None  # --kernel-variant (None: the pin target's)
-
-    def configuration(self) -> tuple[Oracle, Path, dict[str, Any]]:
-        """The engine configuration this job runs under (prepared)."""
-        assert self.oracle is not None and self.model_path is not None
-        assert self.args is not None
-        return self.oracle, self.model_path, self.args
-
-    def session(self, home: Path) -> EngineSession:
-        return EngineSession(*self.configuration(), home)
-
-
-def make_job(path: Path, *, host_target: str | None = None, out: Path | None = None) -> Job:
-    sp = spec_file(path)
-    spec = load_spec(sp)
-    pin_path = (sp.parent / spec.pin).resolve()
-    pin = load_pin(pin_path)
-    target = spec.target or devices.choose_target(pin, host.host(), host_target)
-    pin.target(target)
-    golden = (out / spec.name / "golden.json") if out else sp.parent / "golden.json"
-    return Job(spec, sp, golden, pin, target, pin_path)
-
-
-def prepare(job: Job, oracles: Oracles, home: Path) -> None:
-    """Open the job's oracle (identity first), resolve its model and engine arguments."""
-    job.oracle = oracles.get(job.pin, job.target_name, variant=job.variant)
-    job.model_path, job.model = resolve_model(job.spec.model, job.spec_path.parent, home,
-                                                     job.oracle)
-    job.args = engine_args(job.spec.engine, job.oracle.target)
-
-
-def embedded_pin(pin: Pin) -> EmbeddedPin:
-    """The pin file and its lock, carried in the golden (portable to another tree)."""
-    lock = pin.lock_path
-    return EmbeddedPin(pin_name=pin.path.name, pin_toml=read_text(pin.path),
-                       lock_name=lock.name if lock else None,
-                       lock_text=read_text(lock) if lock else None)
-
-
-def legs_record(run: dict[str, Any], ids: list[str]) -> LegsRecord:
-    tokens = [[p["token_ids"] for p in leg] for leg in run["legs"]]
-    agreement = judge.legs_agreement(tokens, ids)
-    return LegsRecord(count=agreement.count, agree=agreement.agree, tokens=tokens,
-                      disagreements=agreement.disagreements)
-
-
-def golden_from(job: Job, result: EngineResult, run: dict[str, Any],
-                durations: dict[str, float]) -> Golden:
-    spec, oracle = job.spec, job.oracle
-    assert job.model is not None and oracle is not None
-    legs = legs_record(run, [p.id for p in spec.prompts])
-    nondet = not legs.agree
-    prompts = [
-        PromptRecord(id=p.id, text=p.text, prompt_token_ids=out["prompt_token_ids"],
-                     token_ids=out["token_ids"], output_text=out["text"],
-                     finish_reason=out["finish_reason"],
-                     topk=[[(t, lp) for t, lp in pos[: spec.logprobs + 1]]
-                           for pos in out["topk"]])
-        for p, out in zip(spec.prompts, run["legs"][0], strict=True)
-    ]
-    gate = spec.gate
-    if nondet and gate.kind == "strict":
-        gate = gate.model_copy(update={"kind": "distributional"})
-    return Golden(
-        golden_schema=GOLDEN_SCHEMA,
-        name=spec.name,
-        # the pin as seen from the golden's own folder (``--out`` writes it elsewhere than
-        # its spec), so verify finds it from the golden alone
-        spec={**spec.model_dump(mode="json", by_alias=True),
-              "pin": os.path.relpath(job.pin_path, job.golden_path.parent.resolve())},
-        spec_sha256=sha256_file(job.spec_path),
-        oracle=OracleRecord(pin_id=oracle.pin.id, pin_hash=oracle.pin.content_hash,
-                            pin_key=oracle.pin.key, target=oracle.target_name,
-                            identity=oracle.identity.summary(),
-                            build_record_sha256=oracle.build_record_sha256,
-                            content_fingerprint=oracle.content_fingerprint,
-                            embedded_pin=embedded_pin(oracle.pin)),
-        model=job.model,
-        engine=result.engine_record(),
-        environment=result.environment,
-        sampling=run["sampling"],
-        logprobs=spec.logprobs,
-        batch={"mode": spec.batch.mode, "calls": [[spec.prompts[i].id for i in call]
-                                                  for call in spec.calls()],
-               "environment_set_by_engine": result.environment_set_by_engine},
-        legs=legs,
-        nondeterministic=nondet,
-        gate=gate,
-        classification=spec.classification,
-        prompts=prompts,
-        run=RunRecord(host=host.facts(), created_utc=layout.utc_now(), command=list(sys.argv),
-                      tool=host.tool_facts(), durations=durations, log=str(result.log)),
-    )
-
-
-def weights_consumed(job: Job, result: EngineResult) -> None:
-    """A generated model's every tensor must reach vLLM's loader: one it skips leaves that
-    part of the model at its initial values, and the golden would test nothing there."""
-    audit = result.result.weights or {}
-    skipped = audit.get("unconsumed")
-    if skipped is None:
-        raise EngineFailed(f"{job.spec.name}: the driver did not report which checkpoint "
-                           f"tensors the loader consumed; log: {result.log}")
-    if skipped:
-        raise Refused(f"{job.spec.name}: vLLM's loader skipped {len(skipped)} of "
-                      f"{audit.get('checkpoint_tensors')} checkpoint tensors "
-                      f"({', '.join(skipped[:8])}); not published",
-                      hint="the generator's layout is not the one this vLLM reads: fix the "
-                      "generator (its names come from transformers' class)")
-    say(f"    every one of the {audit.get('checkpoint_tensors')} checkpoint tensors reached "
-        "vLLM's loader")
-
-
-def replaced_record(path: Path, reason: str) -> ReplacedRecord:
-    """The golden about to be replaced: its bytes' sha256, its oracle, when it was made. A
-    file that no longer loads is still named by its hash."""
-    data = path.read_bytes()
-    facts: dict[str, Any] = {}
-    try:
-        old = load_golden(path)
-        if isinstance(old.oracle, OracleRecord):
-            facts = {"pin_hash": old.oracle.pin_hash, "pin_key": old.oracle.pin_key,
-                     "vllm": old.oracle.identity.get("vllm")}
-        facts["created_utc"] = old.run.created_utc if old.run else None
-    except BadInput as exc:
-        say(f"    the golden being replaced does not load ({exc.message.splitlines()[0]}); "
-            "recording its hash only")
-    return ReplacedRecord(reason=reason.strip(), golden_sha256=sha256_bytes(data), **facts)
-
-
-def writable_or_refuse(folder: Path) -> None:
-    """Before any engine starts: the golden's folder can be created and written."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"x")
-        probe.unlink()
-    except OSError as exc:
-        raise OutputFailed(f"cannot write goldens to {folder}: {exc.strerror or exc}",
-                           hint="check the folder's permissions, mount and free space; "
-                           "nothing was run") from None
-
-
-def capture(paths: list[Path], *, home: Path, replace: bool = False,
-            allow_nondeterministic: bool = False, target: str | None = None,
-            out: Path | None = None, oracles: Oracles | None = None,
-            reason: str | None = None, kernel_variant: str | None = None) -> list[Path]:
-    """Capture every spec in ``paths``; returns the goldens written. Replacing a golden
-    needs ``reason``; the new golden records it and what it replaced. ``kernel_variant``:
-    the CPU kernel variant the engines are held to (default: each pin target's)."""
-    jobs = [make_job(p, host_target=target, out=out) for p in paths]
-    for job in jobs:
-        job.variant = kernel_variant
-    names = [j.golden_path for j in jobs]
-    if len(set(names)) != len(names):
-        raise Refused("two specs in one call write the same golden")
-    for job in jobs:  # refuse before any engine starts
-        if job.golden_path.exists() and not replace:
-            raise Refused(f"{job.golden_path} exists; a golden is never overwritten",
-                          hint="--replace --reason TEXT writes a new one and keeps the old "
-                          "under replaced/")
-        if job.golden_path.exists() and not (reason or "").strip():
-            raise Refused(f"replacing {job.golden_path} needs a reason",
-                          hint="--reason TEXT: the new golden records it, with the replaced "
-                          "golden's oracle (a re-baseline says why)")
-        writable_or_refuse(job.golden_path.parent)
-    # an engine will run: each oracle's identity is probed inside its engine host
-    with opened(home, oracles, engine_for=("capture", jobs[0].spec.name) if jobs
-                       else None) as oracles:
-        for job in jobs:
-            prepare(job, oracles, home)
-        groups = by_engine(jobs, Job.configuration)
-        say(verdicts.identity(True))
-        written: list[Path] = []
-        for n, group in enumerate(groups, start=1):
-            say(f"==> engine {n}/{len(groups)}: {', '.join(j.spec.name for j in group)}")
-            with ExitStack() as stack:
-                for j in group:
-                    stack.enter_context(held(layout.golden_lock(home, j.golden_path),
-                                             what=f"capture {j.golden_path}"))
-                for job in group:  # another capture may have published while we waited
-                    if job.golden_path.exists() and not replace:
-                        raise Refused(f"{job.golden_path} was published by another capture while "
-                                      "this one waited; a golden is never overwritten")
-                generated = group[0].spec.model.generate is not None
-                result = group[0].session(home).run(
-                    [run_from_spec(j.spec) for j in group], what="capture",
-                    name=group[0].spec.name, audit_weights=generated).require()
-                say(f"    engine log: {result.log}")
-                if generated:
-                    weights_consumed(group[0], result)
-                for job, run in zip(group, result.runs, strict=True):
-                    durations = {"engine_start": result.start_seconds,
-                                 "legs": sum(run["leg_seconds"]),
-                                 "driver_wall": float(result.result.seconds or 0.0)}
-                    golden = golden_from(job, result, run, durations)
-                    legs = golden.legs
-                    assert legs is not None
-                    if golden.nondeterministic and not allow_nondeterministic:
-                        where = "; ".join(f"prompt {d['prompt']} leg {d['leg']} position "
-                                          f"{d['position']}: {d['tokens'][0]} vs {d['tokens'][1]}"
-                                          for d in legs.disagreements)
-                        raise Refused(
-                            f"{job.spec.name}: the legs disagree ({where}); not published",
-                            hint="--allow-nondeterministic records it, marked non-deterministic "
-                            "(it can never back a strict gate)")
-                    if job.golden_path.exists() and reason:
-                        golden = golden.model_copy(update={"replaces": replaced_record(
-                            job.golden_path, reason)})
-                    kept = goldens.publish(golden, job.golden_path, replace=replace)
-                    if kept:
-                        say(f"    kept the replaced golden at {kept} (reason: {reason})")
-                    say(f"    wrote {job.golden_path} ({len(golden.prompts)} prompts, "
-                        f"{legs.count} legs, legs agree: {legs.agree})")
-                    written.append(job.golden_path)
-    return written
-
-
-# ----------------------------------------------------------------------------- command line
 
 
 def register(sub: Subparsers) -> None:
@@ -309,23 +46,11 @@ def register(sub: Subparsers) -> None:
 
 
 def run_capture(args: argparse.Namespace) -> int:
-    from oracle_build.core.layout import captures_dir
-
     home, _ = homes(args)
-    out = Path(args.out).resolve() if args.out else None
-    paths = [Path(p) for p in args.specs]
-    if not paths:
-        # The embedded default. Its committed golden is never overwritten, so a capture
-        # with no arguments writes a fresh one under the oracle home instead.
-        paths = [DEFAULT_SPEC]
-        if out is None and (DEFAULT_SPEC / "golden.json").exists() and not args.replace:
-            out = captures_dir(home)
-            say(f"no spec given: capturing the embedded default {DEFAULT_SPEC} into {out} "
-                "(its committed golden is never overwritten)")
-    written = capture(paths, home=home, replace=args.replace,
+    written = capture([Path(p) for p in args.specs], home=home, replace=args.replace,
                       allow_nondeterministic=args.allow_nondeterministic,
-                      target=args.target, out=out, reason=args.reason,
-                      kernel_variant=args.kernel_variant)
+                      target=args.target, out=Path(args.out).resolve() if args.out else None,
+                      reason=args.reason, kernel_variant=args.kernel_variant)
     for path in written:
         print(path)
     return EXIT_OK

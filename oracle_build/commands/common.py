@@ -43,7 +43,6 @@ EXIT_CODES_HELP = """exit codes:
 """
 
 PINS_DIR = Path("pins")
-DEFAULT_SPEC = Path("goldens/tiny-llama-greedy")
 
 
 def find_default_pin() -> Path:

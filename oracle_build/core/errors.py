@@ -114,6 +114,10 @@ class IdentityMismatch(OracleBuildError):
 
 
 class BuildFailed(OracleBuildError):
+    """``log``: the full log the message already names (None: it names none yet)."""
+
+    log: str | None = None
+
     exit_code = EXIT_BUILD
     label = "build failed"
 
@@ -171,6 +175,11 @@ class RegistryError(OracleBuildError):
         self.status = status  # the HTTP status, when the registry answered with one
         self.codes = codes  # the OCI error codes of its body (MANIFEST_BLOB_UNKNOWN, ...)
 
+    @property
+    def blob_unknown(self) -> bool:
+        """The registry refused a manifest naming a blob it does not hold."""
+        return "MANIFEST_BLOB_UNKNOWN" in self.codes
+
 
 class RegistryAuth(OracleBuildError):
     exit_code = EXIT_REGISTRY_AUTH
@@ -188,3 +197,8 @@ class CacheRefused(OracleBuildError):
     exit_code = EXIT_CACHE_REFUSED
     label = "cache artifact refused"
     quotes_input = True
+
+
+class UntrustedSigner(CacheRefused):
+    """A signature that verifies under a key the trusted-keys file does not hold (a pull
+    may take it with --allow-untrusted; a listing shows it as untrusted)."""

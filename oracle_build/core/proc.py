@@ -151,11 +151,13 @@ class Live:
         if check and self.proc.returncode != 0:
             shown = "".join(self.tail).rstrip()
             where = f"\n  full log: {self.log}" if self.log else ""
-            raise BuildFailed(
+            failed = BuildFailed(
                 f"{self.label} exited with {self.proc.returncode} after "
                 f"{fmt_seconds(seconds)}\n  $ {self.cmdline}\n  last lines:\n"
                 + "\n".join("    | " + ln for ln in shown.splitlines()) + where,
                 hint=self.hint)
+            failed.log = str(self.log) if self.log else None
+            raise failed
         return result
 
     def stop(self) -> None:

@@ -400,8 +400,9 @@ def run(p: Plan) -> identity.Identity:
         if p.staging.exists():
             say(f"build stopped in step {state.steps.current}/{len(p.steps)}; the staging "
                 f"folder and full log are kept for inspection:\n  {p.staging}\n  {p.log}")
-            if isinstance(exc, BuildFailed) and "full log" not in exc.message:
+            if isinstance(exc, BuildFailed) and exc.log is None:
                 exc.message += f"\n  full log: {p.log}"
+                exc.log = str(p.log)
         raise
     assert state.identity is not None
     return state.identity
