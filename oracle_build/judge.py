@@ -11,17 +11,17 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from oracle_build.contracts.golden import Golden, Recorded
-from oracle_build.contracts.reports import FieldDiff
+from oracle_build.contracts.reports import FieldDiff, TokenKind, TokenRow
 from oracle_build.contracts.topk import TopKTable, first_difference
 from oracle_build.core.errors import BadInput
 
 TopK = Sequence[Sequence[Any]]  # [[token_id, logprob], ...] best first
-Kind = Literal["match", "exact_tie", "near_tie", "real"]
+Kind = TokenKind  # contracts/reports.py: a report's token rows say the same
 DEFAULT_BAND_NATS = 0.5
 # vllm.cpp's milli-nats (mnats), and its marker for a token outside the recorded top-k.
 OUTSIDE_TOPK_MNATS = 99_999_000
@@ -86,6 +86,10 @@ class TokenResult:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def row(self) -> TokenRow:
+        """As a report's typed token row."""
+        return TokenRow(**asdict(self))
 
 
 def classify(golden_margin: float | None, band: float) -> Kind:

@@ -22,9 +22,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from oracle_build import html, judge, pages
+from oracle_build import judge
 from oracle_build.contracts.golden import load_golden
 from oracle_build.contracts.page import PAGE_SCHEMA, Page, PageGolden
+from oracle_build.report import html
+from oracle_build.report import page as pages
 from tests.conftest import TINY_SPEC, BuiltOracle, copy_tree_for_golden, golden_says
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -75,6 +77,21 @@ class Parsed(HTMLParser):
 def parse(path: Path) -> Parsed:
     parsed = Parsed()
     parsed.feed(path.read_text())
+    return parsed
+
+
+def parse_drawn(path: Path, tmp: Path) -> Parsed:
+    """The page as a real browser holds it once its own script ran: the token cells are
+    drawn by the page's script (its one renderer of a cell), not written in the file."""
+    dom = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp / 'drawn-profile'}", "--dump-dom", path.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert 'data-ready="1"' in dom.stdout.split(">", 2)[1], dom.stdout[:500]
+    parsed = Parsed()
+    parsed.feed(dom.stdout)
     return parsed
 
 
@@ -162,7 +179,7 @@ def drifted_page(tmp_path: Path, text0: str | None = None) -> tuple[Path, list[d
         results.append(r.as_dict())
         text = text0 if (i == 0 and text0 is not None) else p.text
         prompts.append(pages.prompt(p.id, text, p.prompt_token_ids, p.token_ids, rows, cand,
-                                    None, r.as_dict()))
+                                    None, r.row()))
     page = Page(page_schema=PAGE_SCHEMA, kind="verify", title="oracle-build verify",
                 created_utc="2026-12-01T00:00:00Z", oracle={"pin": "cpu-test"},
                 reference_label="golden", candidate_label="this run", exit_code=1,
@@ -175,8 +192,8 @@ def drifted_page(tmp_path: Path, text0: str | None = None) -> tuple[Path, list[d
 
 def test_the_page_marks_each_divergence_where_judge_found_it(tmp_path: Path) -> None:
     path, results = drifted_page(tmp_path)
-    parsed = parse(path)
-    assert not parsed.external, parsed.external  # nothing fetched from anywhere
+    assert not parse(path).external, parse(path).external  # nothing fetched from anywhere
+    parsed = parse_drawn(path, tmp_path)
     golden = load_golden(TINY_SPEC)
     for r, p in zip(results, golden.prompts, strict=True):
         shown = parsed.prompts[p.id]
@@ -212,7 +229,7 @@ def test_a_large_golden_stays_small(tmp_path: Path) -> None:
         if i % 200 == 7:
             cand[100] = int(ids[i, 100, 1])
         r = judge.compare_prompt(f"p{i}", [1, 2], ref, rows, [1, 2], cand, None, 0.5)
-        prompts.append(pages.prompt(f"p{i}", None, [1, 2], ref, rows, cand, None, r.as_dict()))
+        prompts.append(pages.prompt(f"p{i}", None, [1, 2], ref, rows, cand, None, r.row()))
     page = Page(page_schema=PAGE_SCHEMA, kind="verify", title="large", created_utc="t",
                 oracle={}, reference_label="golden", candidate_label="this run",
                 goldens=[PageGolden(name="large", path="large", status="drift",
@@ -311,7 +328,7 @@ def verified(cpu_oracle: BuiltOracle, host_golden: Path, tmp_path_factory: pytes
 @pytest.mark.slow
 def test_verify_html_agrees_with_its_json_report(verified: Verified, tmp_path: Path) -> None:
     """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
-    parsed = parse(verified.page)
+    parsed = parse_drawn(verified.page, tmp_path)
     (golden,) = verified.report["goldens"]
     tokens = {t["prompt"]: t for t in golden["tokens"]}
     diverging = {k for k, t in tokens.items() if t["index"] is not None}
@@ -342,14 +359,15 @@ def test_verify_html_agrees_with_its_json_report(verified: Verified, tmp_path: P
 def test_diff_writes_the_same_page_with_a_and_b(tmp_path: Path) -> None:
     """diff's page: A is the reference, B the candidate; the settings the two engines
     resolved differently come before the tokens; the verdict words are diff's."""
-    from oracle_build.commands.diff import write_page
     from oracle_build.contracts.reports import (
         DIFF_REPORT_SCHEMA,
         DiffReport,
         FieldDiff,
         GoldenDiff,
         OracleSide,
+        TokenRow,
     )
+    from oracle_build.report.page import diff_page
 
     golden = load_golden(TINY_SPEC)
     data = pages.PageData()
@@ -366,7 +384,7 @@ def test_diff_writes_the_same_page_with_a_and_b(tmp_path: Path) -> None:
     data.prompts[str(TINY_SPEC / "golden.json")] = [
         pages.prompt(p.id, p.text, p.prompt_token_ids, p.token_ids, golden.prompt_topk(i),
                      [r["new_token"] if r["index"] == j else t for j, t in
-                      enumerate(p.token_ids)], None, r)
+                      enumerate(p.token_ids)], None, TokenRow(**r))
         for i, (p, r) in enumerate(zip(golden.prompts, results, strict=True))]
     side = {"pin_id": "cpu", "target": "cpu", "torch": "2.13.0+cpu", "transformers": "5.19.0",
             "venv": "/v"}
@@ -381,7 +399,7 @@ def test_diff_writes_the_same_page_with_a_and_b(tmp_path: Path) -> None:
                                      current=32, cls="numerics")],
             summary="near-tie 1/3")])
     path = tmp_path / "diff.html"
-    write_page(report, data, path)
+    html.write(diff_page(report, data), path)
     parsed = parse(path)
     page = Page.model_validate_json(parsed.data)
     assert page.kind == "diff" and page.reference_label == "A cpu-aaaa"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import xmlschema
 
-from oracle_build import report
 from oracle_build.contracts.reports import FieldDiff, GateVerdict, GoldenVerdict, VerifyReport
+from oracle_build.report import ci as report
 from tests.conftest import TINY_SPEC
 
 GOLDEN = str(TINY_SPEC / "golden.json")

@@ -267,9 +267,10 @@ def test_a_logprob_difference_from_another_cpu_model_is_not_held_never_drift(
     def verdict(cpu: dict[str, typing.Any], status: str = "pass") -> GoldenVerdict:
         doc["run"]["host"].update(cpu)
         (folder / "golden.json").write_text(json.dumps(doc))
-        tokens = [] if status == "pass" else [{"prompt": "capital", "index": 3,
-                                               "golden_token": 1, "new_token": 2,
-                                               "golden_margin": 0.1, "kind": "near_tie"}]
+        tokens = [] if status == "pass" else [{
+            "prompt": "capital", "prompt_ids_equal": True, "tokens_equal": False,
+            "n_golden": 8, "n_new": 8, "index": 3, "golden_token": 1, "new_token": 2,
+            "golden_margin": 0.1, "new_margin": 0.1, "kind": "near_tie"}]
         return GoldenVerdict(
             name="gemma2", path=str(folder / "golden.json"), status=status, why="",  # type: ignore[arg-type]
             tokens=tokens, logprobs_identical=False,

@@ -616,7 +616,8 @@ def test_a_value_read_cannot_print_a_verdict_line_or_markdown() -> None:
     escaped, on its own line's tail. In the Markdown summary a backtick could close the code
     span and a newline start a heading, or a value draw a remote image (issue 31 item 1)."""
     from oracle_build.contracts.reports import FieldDiff, GoldenVerdict, VerifyReport
-    from oracle_build.report import render, summary_md
+    from oracle_build.report.ci import summary_md
+    from oracle_build.report.text import render
 
     forged = "0.32.0\n  => PASS\nverify: pass 1 (exit 0)\nORACLE_IDENTITY_OK\x1b[2K"
     md = "`\n\n## oracle-build verify: exit 0\n\n### g: PASS\n\n`"

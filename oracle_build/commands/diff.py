@@ -6,20 +6,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from oracle_build import pages
 from oracle_build.commands.common import (
     EXIT_CODES_HELP,
     Subparsers,
     add_home_args,
     homes,
 )
-from oracle_build.contracts.golden import load_golden
-from oracle_build.contracts.reports import (
-    DiffReport,
-)
 from oracle_build.core.errors import EXIT_OK
 from oracle_build.core.log import say
-from oracle_build.services.diff import diff, render
+from oracle_build.report import html
+from oracle_build.report.page import PageData, diff_page
+from oracle_build.report.text import render_diff
+from oracle_build.services.diff import diff
 
 
 def register(sub: Subparsers) -> None:
@@ -52,44 +50,12 @@ def run_diff(args: argparse.Namespace) -> int:
     from oracle_build.contracts.pins import load_pin
 
     home, _ = homes(args)
-    page = pages.PageData() if args.html else None
+    page = PageData() if args.html else None
     report, record = diff(load_pin(Path(args.pin_a)), load_pin(Path(args.pin_b)),
                           [Path(p) for p in args.goldens], home=home, target=args.target,
                           page=page)
-    print(report.model_dump_json(indent=2) if args.json else render(report, record))
+    print(report.model_dump_json(indent=2) if args.json else render_diff(report, record))
     if page is not None:
-        write_page(report, page, Path(args.html))
+        html.write(diff_page(report, page), Path(args.html))
+        say(f"HTML report: {args.html}")
     return EXIT_OK
-
-
-def write_page(report: DiffReport, data: pages.PageData, path: Path) -> None:
-    from oracle_build import html
-    from oracle_build.contracts.page import PAGE_SCHEMA, Page, PageGolden
-
-    goldens = []
-    for g in report.goldens:
-        prompts = data.prompts.get(g.path, [])
-        band = load_golden(Path(g.path)).gate.band_nats if prompts else None
-        words = {"identity": "A and B each their pin's", "configuration":
-                 "same" if not g.configuration else f"{len(g.configuration)} settings differ",
-                 "tokens": g.summary or g.verdict, "gate": "a diff is a report, not a gate"}
-        status = {"same": "same", "moved": "moved"}.get(g.verdict, "near" if "near" in
-                                                        g.verdict else "drift")
-        goldens.append(PageGolden(
-            name=g.name, path=g.path, status=status, words=words, why=g.why or g.verdict,
-            configuration=[d for d in g.configuration if d.cls != "context"],
-            context=[d for d in g.configuration if d.cls == "context"], summary=g.summary,
-            band_nats=band, logprobs_identical=g.logprobs_identical, prompts=prompts))
-    a, b = report.a, report.b
-    page = Page(page_schema=PAGE_SCHEMA, kind="diff",
-                title=f"oracle-build diff: {a.pin_key} vs {b.pin_key}",
-                created_utc=report.created_utc,
-                oracle={"A": f"{a.pin_key} (vLLM {a.vllm}, torch {a.torch}, target "
-                             f"{a.target})",
-                        "B": f"{b.pin_key} (vLLM {b.vllm}, torch {b.torch}, target "
-                             f"{b.target})",
-                        "packages that differ": str(len(report.packages))},
-                reference_label=f"A {a.pin_key}", candidate_label=f"B {b.pin_key}",
-                goldens=goldens, pieces=data.pieces)
-    html.write(page, path)
-    say(f"HTML report: {path}")

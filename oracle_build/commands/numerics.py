@@ -55,7 +55,7 @@ def register(sub: Subparsers) -> None:
 
 def run_numerics(args: argparse.Namespace) -> int:
     from oracle_build.contracts.reports import VERIFY_REPORT_SCHEMA, VerifyReport
-    from oracle_build.report import render
+    from oracle_build.report.text import render
 
     pin_path = Path(args.pin) if args.pin else find_default_pin()
     pin, _target = pin_and_target(argparse.Namespace(**{**vars(args), "pin": str(pin_path)}))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from oracle_build import host, pages
+from oracle_build import host
 from oracle_build.commands.common import (
     EXIT_CODES_HELP,
     Subparsers,
@@ -14,14 +14,11 @@ from oracle_build.commands.common import (
     add_variant_arg,
     homes,
 )
-from oracle_build.contracts.golden import (
-    load_golden,
-)
-from oracle_build.contracts.reports import (
-    VerifyReport,
-)
 from oracle_build.core.log import say
-from oracle_build.report import ci_reports, render, verdict_words
+from oracle_build.report import html
+from oracle_build.report.ci import ci_reports
+from oracle_build.report.page import PageData, verify_page
+from oracle_build.report.text import render
 from oracle_build.services.verify import (
     verify,
 )
@@ -67,32 +64,6 @@ def register(sub: Subparsers) -> None:
     v.set_defaults(func=run_verify)
 
 
-def write_page(report: VerifyReport, data: pages.PageData, path: Path) -> None:
-    """The HTML page of ``report``: the same verdicts, with what verify gathered."""
-    from oracle_build import html
-    from oracle_build.contracts.page import PAGE_SCHEMA, Page, PageGolden
-
-    goldens = []
-    for v in report.goldens:
-        band = None
-        prompts = data.prompts.get(v.path, [])
-        if prompts:
-            band = load_golden(Path(v.path)).gate.band_nats
-        goldens.append(PageGolden(
-            name=v.name, path=v.path, status=v.status, words=verdict_words(v), why=v.why,
-            identity=v.identity, configuration=v.configuration, context=v.context,
-            summary=v.summary, band_nats=band, logprobs_identical=v.logprobs_identical,
-            prompts=prompts))
-    page = Page(page_schema=PAGE_SCHEMA, kind="verify", title="oracle-build verify",
-                created_utc=report.created_utc,
-                oracle=data.oracle or {"host": f"{host.host().machine} "
-                                               f"{host.host().cpu_variant or ''}".strip()},
-                reference_label="golden", candidate_label="this run",
-                exit_code=report.exit_code, goldens=goldens, pieces=data.pieces)
-    html.write(page, path)
-    say(f"HTML report: {path}")
-
-
 def run_verify(args: argparse.Namespace) -> int:
     home, _ = homes(args)
     pin_override = None
@@ -100,7 +71,7 @@ def run_verify(args: argparse.Namespace) -> int:
         from oracle_build.contracts.pins import load_pin
 
         pin_override = load_pin(Path(args.oracle))
-    page = pages.PageData() if args.html else None
+    page = PageData() if args.html else None
     report = verify([Path(p) for p in args.goldens], home=home, pin_override=pin_override,
                     cross_target=args.cross_target, page=page,
                     kernel_variant=args.kernel_variant)
@@ -110,5 +81,12 @@ def run_verify(args: argparse.Namespace) -> int:
         print(render(report))
     ci_reports(report, junit_path=args.junit_xml, summary_path=args.summary_md)
     if page is not None:
-        write_page(report, page, Path(args.html))
+        html.write(verify_page(report, page, host_label()), Path(args.html))
+        say(f"HTML report: {args.html}")
     return report.exit_code
+
+
+def host_label() -> str:
+    """What ran, for a page with no oracle opened: this host's machine and CPU variant."""
+    h = host.host()
+    return f"{h.machine} {h.cpu_variant or ''}".strip()

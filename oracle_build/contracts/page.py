@@ -42,6 +42,8 @@ class PageGolden(Strict):
     path: str
     status: str
     words: dict[str, str]  # identity, configuration, tokens, gate: the terminal's words
+    # how each word reads (ok, warn, bad), from the verdict: the page colours it so
+    tones: dict[str, Literal["ok", "warn", "bad"]] = Field(default_factory=dict)
     why: str = ""
     identity: list[FieldDiff] = Field(default_factory=list)
     configuration: list[FieldDiff] = Field(default_factory=list)

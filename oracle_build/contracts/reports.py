@@ -27,6 +27,27 @@ class FieldDiff(Strict):
     cls: Literal["numerics", "context", "identity"]
 
 
+TokenKind = Literal["match", "exact_tie", "near_tie", "real"]
+
+
+class TokenRow(Strict):
+    """One prompt's token result, as judge.TokenResult gives it: the first divergence
+    (``index``, None when the tokens are equal), both tokens there, both margins (nats; None
+    outside the top-k) and its class."""
+
+    prompt: str
+    prompt_ids_equal: bool
+    tokens_equal: bool
+    n_golden: int
+    n_new: int
+    index: int | None
+    golden_token: int | None
+    new_token: int | None
+    golden_margin: float | None
+    new_margin: float | None
+    kind: TokenKind
+
+
 class GateVerdict(Strict):
     kind: str
     admissible: bool
@@ -44,7 +65,7 @@ class GoldenVerdict(Strict):
     configuration: list[FieldDiff] = Field(default_factory=list)
     context: list[FieldDiff] = Field(default_factory=list)
     adjudicable: bool = True
-    tokens: list[dict[str, Any]] = Field(default_factory=list)
+    tokens: list[TokenRow] = Field(default_factory=list)
     summary: str = ""
     gate: GateVerdict | None = None
     # Beyond tokens: are the re-run's top-k logprobs bit-identical to the golden's (None when
@@ -65,6 +86,8 @@ class VerifyReport(Strict):
 DIFF_REPORT_SCHEMA = 1
 DiffVerdict = Literal["same", "moved at near-ties only", "moved", "not run",
                       "engine failed on A", "engine failed on B"]
+# the verdicts of a golden whose tokens were not compared
+NOT_COMPARED: tuple[DiffVerdict, ...] = ("not run", "engine failed on A", "engine failed on B")
 
 
 class OracleSide(Strict):
@@ -89,7 +112,7 @@ class GoldenDiff(Strict):
     path: str
     verdict: DiffVerdict
     why: str = ""
-    tokens: list[dict[str, Any]] = Field(default_factory=list)  # A as reference, B as new
+    tokens: list[TokenRow] = Field(default_factory=list)  # A as reference, B as new
     logprobs_identical: bool | None = None
     configuration: list[FieldDiff] = Field(default_factory=list)  # A's run vs B's run
     summary: str = ""

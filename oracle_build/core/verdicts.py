@@ -21,6 +21,8 @@ NUMERICS_DRIFT = "ORACLE_NUMERICS_DRIFT"
 NUMERICS_NOT_HELD = "ORACLE_NUMERICS_NOT_HELD"
 NUMERICS_CAPTURED = "ORACLE_NUMERICS_CAPTURED"
 NUMERICS_LINES = (NUMERICS_OK, NUMERICS_DRIFT, NUMERICS_NOT_HELD, NUMERICS_CAPTURED)
+# an imported golden's banner: nothing can be re-run under a configuration never recorded
+UNRECORDED_BANNER = "CONFIGURATION UNRECORDED: NOT ADJUDICABLE"
 
 # what a gate script or a reader takes for a verdict, at the start of a line (after blanks)
 VERDICT = re.compile(r"^\s*(ORACLE_[A-Z_]+|=> |verify: .*\(exit \d+\)|#+ oracle-build |"

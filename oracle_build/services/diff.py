@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from oracle_build import devices, host, judge, pages
+from oracle_build import devices, host, judge
 from oracle_build.checkpoints.resolve import recorded_model
 from oracle_build.contracts.golden import load_golden, recorded
 from oracle_build.contracts.pins import Pin
@@ -31,6 +31,7 @@ from oracle_build.core.log import say
 from oracle_build.engine.runs import engine_args, run_from_golden
 from oracle_build.engine.session import EngineResult, EngineSession
 from oracle_build.oracle.opening import Oracle, Oracles
+from oracle_build.report import page as pages
 from oracle_build.services.verify import discover
 
 
@@ -111,7 +112,7 @@ def diff(pin_a: Pin, pin_b: Pin, paths: list[Path], *, home: Path,
         if page is not None:
             page.prompts[str(path)] = [
                 pages.prompt(p.id, p.text, x["prompt_token_ids"], x["token_ids"], x["topk"],
-                             y["token_ids"], y["topk"], r.as_dict())
+                             y["token_ids"], y["topk"], r.row())
                 for p, x, y, r in zip(golden.prompts, run_a["legs"][0], run_b["legs"][0],
                                       results, strict=True)]
             page.pieces.update(ra.result.pieces or {})
@@ -134,37 +135,3 @@ def _recorded_as(rec: Any, result: EngineResult, run: dict[str, Any]) -> Any:
     golden = rec.golden.model_copy(update={"sampling": run["sampling"]})
     return type(rec)(golden, rec.oracle, result.engine_record(), rec.spec, rec.batch,
                      result.environment, rec.logprobs)
-
-
-def render(report: DiffReport, record: Path) -> str:
-    lines = [f"A: {report.a.pin_key} (vllm {report.a.vllm}, torch {report.a.torch}, "
-             f"transformers {report.a.transformers})",
-             f"B: {report.b.pin_key} (vllm {report.b.vllm}, torch {report.b.torch}, "
-             f"transformers {report.b.transformers})",
-             f"packages that differ ({len(report.packages)}):"]
-    lines += [f"  {p.name}: {p.a or '-'} -> {p.b or '-'}" for p in report.packages]
-    for g in report.goldens:
-        lines.append(f"== {g.name}  ({g.path})")
-        if g.verdict == "not run" or g.verdict.startswith("engine failed"):
-            lines.append(f"  {g.verdict}: {g.why}")
-            continue
-        for d in g.configuration:
-            lines.append(f"  configuration{' (context)' if d.cls == 'context' else ''}: "
-                         f"{d.field}: A {d.golden!r}, B {d.current!r}")
-        for t in g.tokens:
-            if t["tokens_equal"]:
-                lines.append(f"  {t['prompt']}: same {t['n_golden']} tokens")
-            else:
-                lines.append(f"  {t['prompt']}: first divergence at {t['index']}: A token "
-                             f"{t['golden_token']} (A's margin {_m(t['golden_margin'])}), B "
-                             f"token {t['new_token']} (B's margin {_m(t['new_margin'])}): "
-                             f"{t['kind']}")
-        lines.append(f"  top-k logprobs {'bit-identical' if g.logprobs_identical else 'differ'}")
-    lines.append("")
-    lines += [f"{g.name}: {g.verdict}" for g in report.goldens]
-    lines.append(f"record: {record}")
-    return "\n".join(lines)
-
-
-def _m(value: float | None) -> str:
-    return "outside top-k" if value is None else f"{value:.4f} nats"

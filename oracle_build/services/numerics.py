@@ -138,13 +138,13 @@ def _rows(rows: Any) -> list[list[Any]] | None:
 def drift_lines(v: GoldenVerdict) -> list[str]:
     out = []
     for t in v.tokens:
-        if t.get("index") is None:
+        if t.index is None:
             continue
-        margin = t.get("golden_margin")
-        out.append(f"  {v.name}: prompt {t.get('prompt')} position {t.get('index')}: golden "
-                   f"token {t.get('golden_token')}, now {t.get('new_token')} (golden margin "
+        margin = t.golden_margin
+        out.append(f"  {v.name}: prompt {t.prompt} position {t.index}: golden "
+                   f"token {t.golden_token}, now {t.new_token} (golden margin "
                    f"{'unknown' if margin is None else f'{margin:.4f}'} nats, "
-                   f"{t.get('kind')})")
+                   f"{t.kind})")
     d = v.logprobs_difference
     if d and not out:
         delta = d.get("max_abs_delta")

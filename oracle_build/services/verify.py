@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oracle_build import devices, goldens, host, judge, pages
+from oracle_build import devices, goldens, host, judge
 from oracle_build.checkpoints.resolve import recorded_model
 from oracle_build.contracts.base import printable
 from oracle_build.contracts.golden import (
@@ -44,11 +44,12 @@ from oracle_build.core.errors import (
 )
 from oracle_build.core.layout import utc_now
 from oracle_build.core.log import say
+from oracle_build.core.verdicts import UNRECORDED_BANNER
 from oracle_build.engine.runs import by_engine, engine_args, run_from_golden
 from oracle_build.engine.session import EngineResult, EngineSession
 from oracle_build.goldens import run_variant
 from oracle_build.oracle.opening import Oracle, Oracles, opened
-from oracle_build.report import UNRECORDED_BANNER
+from oracle_build.report import page as pages
 
 IDENTITY_FIELDS = ("vllm", "torch", "transformers", "flashinfer", "device")
 def records_complete(rec: Recorded, path: Path) -> None:
@@ -204,110 +205,127 @@ def verify(paths: list[Path], *, home: Path, oracles: Oracles | None = None,
     ``cross_target``: run a golden recorded for another target on this host's target
     (reported at identity level, not adjudicable). ``kernel_variant``: hold every CPU
     engine to this variant instead of each golden's own (a difference is then a
-    configuration difference)."""
+    configuration difference).
+
+    In order: each golden admitted (or answered without an engine), each oracle's identity
+    (probed inside its engine host), then one engine start per configuration."""
     items: list[Item] = []
     verdicts: list[GoldenVerdict] = []
     for path in discover(paths):
-        golden = load_golden(path)
-        if not golden.configuration_recorded or golden.source is not None:
-            verdicts.append(offline_verdict(golden, path))
-            continue
-        rec = recorded(golden, path)
-        records_complete(rec, path)
-        reason = judge.admit_gate(golden, path)
-        pin = pin_override or goldens.golden_pin(rec, path, unpack_to=layout.pins_dir(home))
-        if cross_target:
-            # run it on this host's target of the pin (a GB10 golden on Thor, or on the CPU
-            # oracle); the target difference is reported at identity level
-            item = Item(path, rec, pin, reason,
-                        target_name=devices.choose_target(pin, host.host(), None))
-            if item.target_name != rec.oracle.target:
-                item.oracle_differs.append(FieldDiff(
-                    field="target", golden=rec.oracle.target, current=item.target_name,
-                    cls="identity"))
-            target = pin.target(item.target_name)
-            item.variant = run_variant(rec, path, target, kernel_variant)
-            lacking = devices.missing_instructions(target, item.variant)
-            if lacking:
-                verdicts.append(lacks(golden, path, item.variant, lacking))
-                continue
-            items.append(item)
-            continue
-        if rec.oracle.target not in pin.model.targets:
-            raise BadInput(path, [("oracle.target", f"{rec.oracle.target!r} is not a target of "
-                                   f"pin {pin.path}")],
-                           hint="--cross-target runs it on this host's target of that pin")
-        target = pin.target(rec.oracle.target)
-        ok, why = devices.fits(target, host.host())
-        if not ok:
-            verdicts.append(GoldenVerdict(
-                name=golden.name, path=str(path), status="not_verifiable_here",
-                why=f"target {rec.oracle.target}: {why}; its records are complete (run it "
-                "here anyway: --cross-target)", adjudicable=False))
-            continue
-        variant = run_variant(rec, path, target, kernel_variant)
-        lacking = devices.missing_instructions(target, variant)
-        if lacking:
-            # the golden's numbers come from kernels this CPU cannot run: not drift
-            verdicts.append(lacks(golden, path, variant, lacking))
-            continue
-        items.append(Item(path, rec, pin, reason, target_name=rec.oracle.target,
-                          variant=variant))
+        admitted = admit(path, home=home, pin_override=pin_override,
+                         cross_target=cross_target, kernel_variant=kernel_variant)
+        if isinstance(admitted, Item):
+            items.append(admitted)
+        else:
+            verdicts.append(admitted)
     # an engine will run: each oracle's identity is probed inside its engine host
     with opened(home, oracles, engine_for=("verify", items[0].rec.golden.name)
                        if items else None) as oracles:
-        to_run: list[Item] = []
-        for item in items:
-            oracle = oracles.get(item.pin, item.target_name, require=False,
-                                 variant=item.variant)
-            if not oracle.identity.ok:
-                item.verdict = GoldenVerdict(
-                    name=item.rec.golden.name, path=str(item.path), status="oracle_mismatch",
-                    why="the oracle is not its pin's; nothing was run",
-                    identity=[FieldDiff(field=f, golden=e, current=g, cls="identity")
-                              for f, e, g in oracle.identity.mismatches], adjudicable=False)
-                continue
-            ident = identity_diffs(item.rec, oracle)
-            if item.oracle_differs:  # --cross-target: the target differs, and so may more
-                ident = ident + item.oracle_differs
-                item.oracle_differs = []
-            if ident and (pin_override is not None or cross_target):
-                # asked for: run on another oracle; identity is still reported first, and the
-                # tokens are shown for what moved, never judged against the golden's gate
-                item.oracle_differs = ident + wheel_diff(item.rec, oracle)
-                ident = []
-            if ident:  # identity first: tokens from another oracle would only mislead
-                item.verdict = GoldenVerdict(
-                    name=item.rec.golden.name, path=str(item.path), status="oracle_mismatch",
-                    why="the current oracle is not the golden's; nothing was run",
-                    identity=ident, adjudicable=False)
-                continue
-            item.model_path = recorded_model(item.rec, item.path, home, oracle)
-            item.args = dict(item.rec.engine.requested)
-            if item.target_name != item.rec.oracle.target:  # this target's defaults (KV bound)
-                item.args = engine_args(item.args, oracle.target)
-            item.oracle = oracle
-            to_run.append(item)
-        groups = by_engine(to_run, Item.configuration)
-        for n, group in enumerate(groups, start=1):
-            lead = group[0]
-            say(f"==> engine {n}/{len(groups)}: {', '.join(i.rec.golden.name for i in group)}")
-            session = EngineSession(*lead.configuration(), home)
-            wanted = None
-            if page is not None:
-                wanted = set().union(*(pages.wanted_ids(p.token_ids, i.rec.golden.prompt_topk(n))
-                                       for i in group
-                                       for n, p in enumerate(i.rec.golden.prompts)))
-            result = session.run([run_from_golden(i.rec) for i in group], what="verify",
-                                 name=lead.rec.golden.name, pieces=wanted).require()
-            for item, run in zip(group, result.runs, strict=True):
-                item.verdict = verdict(item, result, run)
-                if page is not None:
-                    page.add(item.path, item.rec.golden, run["legs"][0], item.verdict.tokens,
-                             result.result.pieces, lead.oracle)
+        to_run = [item for item in items if
+                  ready(item, oracles, home, asked_other=pin_override is not None or
+                        cross_target)]
+        run_groups(to_run, home, page)
     verdicts = [i.verdict for i in items if i.verdict is not None] + verdicts
     return VerifyReport(report_schema=VERIFY_REPORT_SCHEMA, created_utc=utc_now(),
                         exit_code=exit_code(verdicts), goldens=verdicts)
+
+
+def admit(path: Path, *, home: Path, pin_override: Pin | None, cross_target: bool,
+          kernel_variant: str | None) -> Item | GoldenVerdict:
+    """A golden to run (its pin, target and CPU kernel variant), or its verdict when no
+    engine can say more: configuration unrecorded, another host's target, a CPU variant
+    this host cannot run. A golden whose records are incomplete is refused (BadInput)."""
+    golden = load_golden(path)
+    if not golden.configuration_recorded or golden.source is not None:
+        return offline_verdict(golden, path)
+    rec = recorded(golden, path)
+    records_complete(rec, path)
+    reason = judge.admit_gate(golden, path)
+    pin = pin_override or goldens.golden_pin(rec, path, unpack_to=layout.pins_dir(home))
+    if cross_target:
+        # run it on this host's target of the pin (a GB10 golden on Thor, or on the CPU
+        # oracle); the target difference is reported at identity level
+        item = Item(path, rec, pin, reason,
+                    target_name=devices.choose_target(pin, host.host(), None))
+        if item.target_name != rec.oracle.target:
+            item.oracle_differs.append(FieldDiff(
+                field="target", golden=rec.oracle.target, current=item.target_name,
+                cls="identity"))
+    else:
+        if rec.oracle.target not in pin.model.targets:
+            raise BadInput(path, [("oracle.target", f"{rec.oracle.target!r} is not a target "
+                                   f"of pin {pin.path}")],
+                           hint="--cross-target runs it on this host's target of that pin")
+        ok, why = devices.fits(pin.target(rec.oracle.target), host.host())
+        if not ok:
+            return GoldenVerdict(
+                name=golden.name, path=str(path), status="not_verifiable_here",
+                why=f"target {rec.oracle.target}: {why}; its records are complete (run it "
+                "here anyway: --cross-target)", adjudicable=False)
+        item = Item(path, rec, pin, reason, target_name=rec.oracle.target)
+    target = pin.target(item.target_name)
+    item.variant = run_variant(rec, path, target, kernel_variant)
+    lacking = devices.missing_instructions(target, item.variant)
+    if lacking:
+        # the golden's numbers come from kernels this CPU cannot run: not drift
+        return lacks(golden, path, item.variant, lacking)
+    return item
+
+
+def ready(item: Item, oracles: Oracles, home: Path, *, asked_other: bool) -> bool:
+    """Identity first: the item's oracle opened and compared with the golden's record.
+    False (the item's verdict set) when tokens from it would only mislead; ``asked_other``
+    (--oracle, --cross-target): another oracle was asked for, so it runs, not adjudicable."""
+    oracle = oracles.get(item.pin, item.target_name, require=False, variant=item.variant)
+    if not oracle.identity.ok:
+        item.verdict = GoldenVerdict(
+            name=item.rec.golden.name, path=str(item.path), status="oracle_mismatch",
+            why="the oracle is not its pin's; nothing was run",
+            identity=[FieldDiff(field=f, golden=e, current=g, cls="identity")
+                      for f, e, g in oracle.identity.mismatches], adjudicable=False)
+        return False
+    ident = identity_diffs(item.rec, oracle)
+    if item.oracle_differs:  # --cross-target: the target differs, and so may more
+        ident = ident + item.oracle_differs
+        item.oracle_differs = []
+    if ident and asked_other:
+        # identity is still reported first, and the tokens are shown for what moved, never
+        # judged against the golden's gate
+        item.oracle_differs = ident + wheel_diff(item.rec, oracle)
+        ident = []
+    if ident:
+        item.verdict = GoldenVerdict(
+            name=item.rec.golden.name, path=str(item.path), status="oracle_mismatch",
+            why="the current oracle is not the golden's; nothing was run",
+            identity=ident, adjudicable=False)
+        return False
+    item.model_path = recorded_model(item.rec, item.path, home, oracle)
+    item.args = dict(item.rec.engine.requested)
+    if item.target_name != item.rec.oracle.target:  # this target's defaults (KV bound)
+        item.args = engine_args(item.args, oracle.target)
+    item.oracle = oracle
+    return True
+
+
+def run_groups(to_run: list[Item], home: Path, page: pages.PageData | None) -> None:
+    """One engine start per distinct configuration; each item's verdict from its run."""
+    groups = by_engine(to_run, Item.configuration)
+    for n, group in enumerate(groups, start=1):
+        lead = group[0]
+        say(f"==> engine {n}/{len(groups)}: {', '.join(i.rec.golden.name for i in group)}")
+        session = EngineSession(*lead.configuration(), home)
+        wanted = None
+        if page is not None:
+            wanted = set().union(*(pages.wanted_ids(p.token_ids, i.rec.golden.prompt_topk(n))
+                                   for i in group
+                                   for n, p in enumerate(i.rec.golden.prompts)))
+        result = session.run([run_from_golden(i.rec) for i in group], what="verify",
+                             name=lead.rec.golden.name, pieces=wanted).require()
+        for item, run in zip(group, result.runs, strict=True):
+            item.verdict = verdict(item, result, run)
+            if page is not None:
+                page.add(item.path, item.rec.golden, run["legs"][0], item.verdict.tokens,
+                         result.result.pieces, lead.oracle)
 
 
 def lacks(golden: Golden, path: Path, variant: str | None, lacking: list[str]) -> GoldenVerdict:
