@@ -142,6 +142,13 @@ DEVICE_KNOWLEDGE = re.compile(
 TARGET_MODELS = {"CpuTarget", "CudaTarget", "RocmTarget", "SmCode", "GfxArch", "_gfx"}
 
 
+def _names_cpu_variant(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "cpu_variant") or (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get" and bool(node.args)
+        and isinstance(node.args[0], ast.Constant) and node.args[0].value == "cpu_variant")
+
+
 def device_knowledge(source: str, rel: str) -> list[str]:
     """Every place in ``source`` that branches on a device or names what only a device
     module knows: a device's name as a value (a tuple of names, a default, a Literal, a
@@ -170,6 +177,12 @@ def device_knowledge(source: str, rel: str) -> list[str]:
         elif isinstance(node, ast.Attribute) and node.attr == "GPU" and \
                 not rel.startswith("devices/"):
             found.append(f"{rel}:{node.lineno}: .GPU (a ranking of devices: devices.gpu_first)")
+        elif isinstance(node, ast.Compare) and any(isinstance(o, ast.Eq | ast.NotEq)
+                                                   for o in node.ops) and any(
+                _names_cpu_variant(side) for side in [node.left, *node.comparators]):
+            # whether a CPU kernel variant matters is the device's to say (BY_CPU_VARIANT:
+            # devices.missing_instructions, goldens.run_variant), not a comparison's
+            found.append(f"{rel}:{node.lineno}: a CPU kernel variant compared")
     for number, line in enumerate(source.splitlines(), 1):
         if DEVICE_BRANCH.search(line.split("#", 1)[0]):
             found.append(f"{rel}:{number}: {line.strip()}")
@@ -203,7 +216,9 @@ ELEVEN = {
     "oracle/identity.py": 'def device_label(d):\n'
                           '    if d.get("gcn_arch"):\n        return d["name"]\n'
                           '    return f"cpu {machine}"\n',
-    "commands/verify.py": 'if target.device == "cpu" and rec.kernel_variant:\n    pass\n',
+    # a CPU variant diff without the BY_CPU_VARIANT guard (verify.py, as the issue read it)
+    "commands/verify.py": 'variant = rec.oracle.identity.get("cpu_variant")\n'
+                          'if variant and variant != host.host().cpu_variant:\n    pass\n',
     "host.py": 'exe = shutil.which("nvidia-smi")\nexe = rocm_tool("rocminfo")\n'
                'exe = shutil.which("nvcc")\n',
     "recipe/steps.py": 'HINTS = [(re.compile(r"[+.]rocm\\d+"), "nvcc\'s CUDA differs"), '
