@@ -123,8 +123,26 @@ class Device:
         return {}
 
     def label(self, facts: dict[str, Any]) -> str:
-        """How an identity names the probed device (its GPU, or the machine)."""
-        return f"{self.NAME} {facts.get('machine', '')}".strip()
+        """How an identity names the probed device: its first GPU, or the machine."""
+        gpu = first_gpu(facts)
+        return self.gpu_label(gpu) if gpu is not None else \
+            f"{self.NAME} {facts.get('machine', '')}".strip()
+
+    def gpu_label(self, gpu: dict[str, Any]) -> str:
+        """A GPU the probe saw, as an identity names it."""
+        return str(gpu.get("name"))
+
+
+def torch_facts(facts: dict[str, Any]) -> dict[str, Any]:
+    """What the identity probe found of torch (its version, devices, HIP, CUDA error)."""
+    torch: dict[str, Any] = (facts.get("modules") or {}).get("torch") or {}
+    return torch
+
+
+def first_gpu(facts: dict[str, Any]) -> dict[str, Any] | None:
+    """The first device torch saw in the probe, or None."""
+    devices = torch_facts(facts).get("devices") or []
+    return devices[0] if devices else None
 
 
 @contextmanager

@@ -16,7 +16,7 @@ from oracle_build import host
 from oracle_build.contracts.pins import CudaTarget
 from oracle_build.core import proc
 from oracle_build.core.errors import BuildFailed, PreflightFailed
-from oracle_build.devices.base import Device, Hold, Mismatch
+from oracle_build.devices.base import Device, Hold, Mismatch, first_gpu, torch_facts
 from oracle_build.host import Gpu
 
 if TYPE_CHECKING:
@@ -129,12 +129,11 @@ class Cuda(Device):
     def device_mismatches(self, target: Target, facts: dict[str, Any],
                           held: Hold) -> list[Mismatch]:
         t = _cuda(target)
-        torch = (facts.get("modules") or {}).get("torch", {})
         want = f"{t.device_name} sm_{t.compute_capability.replace('.', '')}"
-        devices = torch.get("devices") or []
-        if not devices:
-            return [("device", want, torch.get("cuda_error") or "no CUDA device visible")]
-        first = devices[0]
+        first = first_gpu(facts)
+        if first is None:
+            return [("device", want, torch_facts(facts).get("cuda_error")
+                     or "no CUDA device visible")]
         if first.get("capability") != t.compute_capability or \
                 t.device_name.lower() not in str(first.get("name", "")).lower():
             return [("device", want, f"{first.get('name')} ({first.get('capability')})")]
@@ -163,13 +162,8 @@ class Cuda(Device):
     def host_facts(self, build_env: dict[str, str] | None) -> dict[str, Any]:
         return {"nvcc": nvcc_version((build_env or {}).get("CUDA_HOME"))}
 
-    def label(self, facts: dict[str, Any]) -> str:
-        torch = (facts.get("modules") or {}).get("torch", {})
-        devices = torch.get("devices") or []
-        if not devices:
-            return super().label(facts)
-        d = devices[0]
-        return f"{d.get('name')} sm_{str(d.get('capability', '')).replace('.', '')}"
+    def gpu_label(self, gpu: dict[str, Any]) -> str:
+        return f"{gpu.get('name')} sm_{str(gpu.get('capability', '')).replace('.', '')}"
 
 
 DEVICE = Cuda()

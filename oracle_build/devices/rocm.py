@@ -29,7 +29,7 @@ from oracle_build.contracts.pins import RocmTarget
 from oracle_build.core import env as envmod
 from oracle_build.core import proc
 from oracle_build.core.errors import BuildFailed, PreflightFailed
-from oracle_build.devices.base import Device, Hold, Mismatch
+from oracle_build.devices.base import Device, Hold, Mismatch, first_gpu, torch_facts
 from oracle_build.host import Gpu
 
 if TYPE_CHECKING:
@@ -279,16 +279,15 @@ class Rocm(Device):
         arch (``gcnArchName``, target-id features such as ``:sramecc+:xnack-`` aside)."""
         t = _rocm(target)
         bad: list[Mismatch] = []
-        torch = (facts.get("modules") or {}).get("torch", {})
+        torch = torch_facts(facts)
         hip = torch.get("hip")
         if not hip or not (hip == t.hip_version or str(hip).startswith(t.hip_version + ".")):
             bad.append(("torch.version.hip", f"{t.hip_version}.*", str(hip)))
         want = f"{t.device_name or 'AMD GPU'} {t.gfx_arch}"
-        devices = torch.get("devices") or []
-        if not devices:
+        first = first_gpu(facts)
+        if first is None:
             bad.append(("device", want, torch.get("cuda_error") or "no ROCm device visible"))
         else:
-            first = devices[0]
             arch = str(first.get("gcn_arch") or "").split(":", 1)[0]
             if arch != t.gfx_arch or (t.device_name or "").lower() not in \
                     str(first.get("name", "")).lower():
@@ -323,13 +322,8 @@ class Rocm(Device):
                 return parse_amd_smi(out.output)
         return ()
 
-    def label(self, facts: dict[str, Any]) -> str:
-        torch = (facts.get("modules") or {}).get("torch", {})
-        devices = torch.get("devices") or []
-        if not devices:
-            return super().label(facts)
-        d = devices[0]
-        return f"{d.get('name')} {str(d.get('gcn_arch') or '').split(':', 1)[0]}"
+    def gpu_label(self, gpu: dict[str, Any]) -> str:
+        return f"{gpu.get('name')} {str(gpu.get('gcn_arch') or '').split(':', 1)[0]}"
 
 
 DEVICE = Rocm()
