@@ -1,7 +1,12 @@
-"""docs/architecture.md names every module of the package (issue 33 item 6, in part): a
-module added without saying there what it holds fails here."""
+"""The house (issue 33): docs/architecture.md names every module of the package and its
+layers, imports run one way, services stay apart from the command line, no decision is taken
+on a message's text, a verdict's words are chosen in one place, and the HTML page escapes
+by default and draws its cells in one place."""
 
 from __future__ import annotations
+
+import ast
+from pathlib import Path
 
 from tests.conftest import REPO
 
@@ -20,7 +25,6 @@ def test_every_module_is_named_in_the_architecture_page() -> None:
 
 # ----------------------------------------------------------------------------- the house
 
-import ast  # noqa: E402
 
 PACKAGE = REPO / "oracle_build"
 
@@ -158,3 +162,56 @@ def test_the_page_has_one_renderer_of_a_cell_and_escapes_by_default() -> None:
     assert "<img" not in text and "<script>alert" not in text
     assert text.count("<script") == 2  # the data block and the page's own script
     assert "&lt;img src=x onerror=&#34;alert(1)&#34;&gt;" in text
+
+
+# The layers of docs/architecture.md, from the base up: a module imports only from its own
+# layer or below (an import under TYPE_CHECKING is a type, not a dependency).
+LAYERS = [
+    ("", "core"), ("contracts",), ("host", "devices"),
+    ("oracle.venv", "oracle.inventory", "oracle.identity"), ("engine.host",), ("oracle.opening",),
+    ("engine.session", "engine.runs", "checkpoints", "recipe", "cache", "judge", "goldens"),
+    ("report",), ("services",), ("commands", "interop"), ("cli", "__main__"),
+]
+
+
+def layer(module: str) -> int:
+    name = module.removeprefix("oracle_build").removeprefix(".")
+    found = [(len(p), rank) for rank, prefixes in enumerate(LAYERS) for p in prefixes
+             if name == p or (p and name.startswith(p + "."))]
+    assert found, f"{module} is in no layer of docs/architecture.md"
+    return max(found)[1]
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every harness module ``path`` imports at run time."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("oracle_build"):
+            folder = REPO.joinpath(*str(node.module).split("."))
+            subs = [f"{node.module}.{a.name}" for a in node.names
+                    if (folder / f"{a.name}.py").exists() or (folder / a.name).is_dir()]
+            out += [(node.lineno, m) for m in subs or [str(node.module)]]
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names
+                    if a.name.startswith("oracle_build")]
+    return out
+
+
+def test_imports_run_one_way() -> None:
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(REPO).with_suffix("")
+        me = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        if ".inside" in me:
+            assert not imports_of(path), f"{me} runs in the oracle venv: no harness import"
+            continue
+        upward += [f"{me}:{line} imports {m}" for line, m in imports_of(path)
+                   if layer(m) > layer(me)]
+    assert not upward, upward
+    # the check is real: a contract importing a service is caught
+    assert layer("oracle_build.services.verify") > layer("oracle_build.contracts.golden")
