@@ -201,7 +201,7 @@ def cpu_oracle(tmp_path_factory: pytest.TempPathFactory) -> BuiltOracle:
     with taking_turns("session oracle build"):
         if not built.exists():  # the run's first: build it
             outcome = recipe.build_oracle(pin, "cpu", home=shared_home,
-                                         wheelhouse_root=wheelhouse)
+                                          wheelhouse_root=wheelhouse)
             return BuiltOracle(pin, shared_home, wheelhouse, built, outcome)
         home = tmp_path_factory.mktemp("oracle-home")
         venv = layout.oracle_path(home, pin.key)

@@ -263,7 +263,7 @@ def test_shipped_gpu_pin_against_this_tree_is_refused_before_work(
     for name in ("deepselect", "flashkda", "fmha_sm100", "tml_fa4"):
         assert f"declares external {name}" in blocked
     p = recipe.plan(load_pin(GPU_PIN), "sm_110", home=tmp_path / "h", wheelhouse_root=tmp_path,
-                   externals_dir=tmp_path / "m", checkout=TREE)
+                    externals_dir=tmp_path / "m", checkout=TREE)
     with pytest.raises(Unestablished) as info:
         recipe.run(p)
     assert "declares external deepselect" in info.value.message

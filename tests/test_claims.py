@@ -138,7 +138,7 @@ def test_build_memory_preflight_names_both_numbers(tmp_path: Path,
 
     monkeypatch.setenv("ORACLE_BUILD_MIN_MEMORY_GIB", "100000")
     p = recipe.plan(load_pin(CPU_PIN), "cpu", home=tmp_path / "h",
-                   wheelhouse_root=tmp_path / "w")
+                    wheelhouse_root=tmp_path / "w")
     with pytest.raises(PreflightFailed) as info:
         recipe.run(p)
     assert re.search(r"[\d.]+ GiB of host memory available, the build needs 100000\.0 GiB",

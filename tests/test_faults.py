@@ -229,7 +229,7 @@ def small_source_build(tmp_path: Path) -> tuple[Path, Pin, Path, Path, list[str]
     args = ["build", "--pin", str(pin_path), "--home", str(home), "--wheelhouse",
             str(wheelhouse)]
     steps = [s.name for s in recipe.plan(pin, "cpu", home=home,
-                                       wheelhouse_root=wheelhouse).steps]
+                                         wheelhouse_root=wheelhouse).steps]
     return pin_path, pin, home, wheelhouse, args, steps
 
 

@@ -33,7 +33,7 @@ def test_build_killed_at_every_step_then_recovers(cpu_oracle: BuiltOracle,
     args = ["build", "--pin", str(CPU_PIN), "--home", str(home), "--wheelhouse",
             str(cpu_oracle.wheelhouse)]
     assert [s.name for s in recipe.plan(cpu_oracle.pin, "cpu", home=home,
-                                       wheelhouse_root=cpu_oracle.wheelhouse).steps] \
+                                        wheelhouse_root=cpu_oracle.wheelhouse).steps] \
         == BUILD_STEPS
     record = json.loads((cpu_oracle.venv / "oracle-build" / "build-record.json").read_text())
     kill_every_step(args, cpu_oracle.pin, home, BUILD_STEPS, record["timings"],

@@ -107,14 +107,14 @@ def test_generators_reproduce_the_committed_model_files(cpu_oracle: BuiltOracle,
     venv = OracleVenv(cpu_oracle.venv)
     transformers = venv.distributions()["transformers"]
     runs = [{name: families.generate(name, tmp_path / "gen1" / name, home=tmp_path / "home1",
-                                       venv=venv, transformers=transformers)
+                                     venv=venv, transformers=transformers)
              for name in families.NAMES}]
     # a damaged layout cache is read again from transformers, never trusted
     (cache,) = (tmp_path / "home1" / "models" / ".layouts" / transformers).glob(
         "tiny-qwen3-moe-v1-*.json")
     cache.write_text('{"class": "Qwen3MoeForCausalLM", "tensors": {"x": [0]}}')
     again = families.generate("tiny-qwen3-moe-v1", tmp_path / "gen3", home=tmp_path / "home1",
-                                venv=venv, transformers=transformers)
+                              venv=venv, transformers=transformers)
     assert again == runs[0]["tiny-qwen3-moe-v1"]
     assert json.loads(cache.read_text())["tensors"][MOE_EXPERT] == [128, 64]
     covered = set()
@@ -178,8 +178,8 @@ def test_changed_moe_expert_is_drift_naming_qwen3_moe(cpu_oracle: BuiltOracle, t
     assert re.search(r"^  qwen3-moe: prompt \w+ position \d+", out, re.M), out[-3000:]
     monkeypatch.setattr(families, "values", original)
     families.generate("tiny-qwen3-moe-v1", model.parent, home=cpu_oracle.home,
-                        venv=OracleVenv(cpu_oracle.venv),
-                        transformers=OracleVenv(cpu_oracle.venv).distributions()["transformers"])
+                      venv=OracleVenv(cpu_oracle.venv),
+                      transformers=OracleVenv(cpu_oracle.venv).distributions()["transformers"])
 
 
 @pytest.mark.slow
@@ -199,7 +199,7 @@ def test_a_checkpoint_tensor_the_loader_skips_refuses_the_capture(
     monkeypatch.setattr(families, "family_files", with_extra)
     venv = OracleVenv(cpu_oracle.venv)
     files = families.generate(family.generator, tmp_path / "m", home=tmp_path / "h",
-                                venv=venv, transformers=venv.distributions()["transformers"])
+                              venv=venv, transformers=venv.distributions()["transformers"])
     spec_dir = tmp_path / "spec"
     spec_dir.mkdir()
     text = (BATTERY / "specs" / "llama-bf16.toml").read_text()
@@ -217,8 +217,8 @@ def test_a_checkpoint_tensor_the_loader_skips_refuses_the_capture(
     assert not (spec_dir / "golden.json").exists()
     monkeypatch.setattr(families, "family_files", original)
     families.generate(family.generator, cpu_oracle.home / "models" / family.generator,
-                        home=cpu_oracle.home, venv=venv,
-                        transformers=venv.distributions()["transformers"])
+                      home=cpu_oracle.home, venv=venv,
+                      transformers=venv.distributions()["transformers"])
 
 
 @pytest.mark.slow

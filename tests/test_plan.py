@@ -21,7 +21,7 @@ from tests.conftest import GPU_PIN, established_gpu_pin
 def plan_for(pin_path: Path, target: str, tmp_path: Path, **kw: object) -> recipe.Plan:
     pin = load_pin(pin_path)
     return recipe.plan(pin, target, home=tmp_path / "home", wheelhouse_root=tmp_path / "wh",
-                      **kw)  # type: ignore[arg-type]
+                       **kw)  # type: ignore[arg-type]
 
 
 def wheel_cmd(p: recipe.Plan) -> Cmd:

@@ -29,7 +29,7 @@ def test_builds_at_pinned_commit_with_scm_version(tmp_path: Path, repo: Repo) ->
     clone, a wheel build, a venv), the second from the wheelhouse."""
     pin = load_pin(write_pin(tmp_path, repo))
     outcome = recipe.build_oracle(pin, "cpu", home=tmp_path / "home",
-                                 wheelhouse_root=tmp_path / "wh")
+                                  wheelhouse_root=tmp_path / "wh")
     ident = outcome.identity
     assert ident.ok, ident.mismatches
     assert ident.summary()["vllm"] == repo.version  # dev count 3 and +g<sha> of the pin
@@ -58,7 +58,7 @@ def test_builds_at_pinned_commit_with_scm_version(tmp_path: Path, repo: Repo) ->
     assert [v["origin"] for v in manifest["wheels"].values()] == ["built"]
     # a rebuild installs that wheel instead of building again
     again = recipe.build_oracle(pin, "cpu", home=tmp_path / "home",
-                               wheelhouse_root=tmp_path / "wh", rebuild=True)
+                                wheelhouse_root=tmp_path / "wh", rebuild=True)
     assert again.identity.ok
     record = json.loads((venv / "oracle-build" / "build-record.json").read_text())
     assert record["origin"] == "wheelhouse"

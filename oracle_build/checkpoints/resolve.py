@@ -41,9 +41,9 @@ def resolve_model(spec: ModelSpec, base: Path, home: Path,
     if spec.generate:
         path = layout.model_dir(home, spec.generate)
         families.generate(spec.generate, path, home=home,
-                            venv=oracle.venv if oracle else None,
-                            transformers=oracle.identity.summary()["transformers"]
-                            if oracle else None)
+                          venv=oracle.venv if oracle else None,
+                          transformers=oracle.identity.summary()["transformers"]
+                          if oracle else None)
         source = f"generated:{spec.generate}"
     elif spec.path:
         path = (base / spec.path).resolve()

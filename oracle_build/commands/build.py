@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from oracle_build.commands.cacheopts import CACHE_HELP, add_cache_args, cache_options
 from oracle_build.commands.common import (
@@ -20,9 +19,6 @@ from oracle_build.commands.common import (
 from oracle_build.core.env import tool_variable
 from oracle_build.core.errors import EXIT_OK
 from oracle_build.core.log import say
-
-if TYPE_CHECKING:
-    pass
 
 
 def register(sub: Subparsers) -> None:
@@ -66,8 +62,8 @@ def run_build(args: argparse.Namespace) -> int:
     ext_dir = Path(externals).resolve() if externals else None
     if args.dry_run:
         p = recipe.plan(pin, target, home=home, wheelhouse_root=wheelhouse, mirror=mirror,
-                       externals_dir=ext_dir,
-                       checkout=Path(args.checkout).resolve() if args.checkout else None)
+                        externals_dir=ext_dir,
+                        checkout=Path(args.checkout).resolve() if args.checkout else None)
         if args.json:
             print(json.dumps(p.as_dict(), indent=2))
         else:
@@ -79,10 +75,10 @@ def run_build(args: argparse.Namespace) -> int:
         def fill() -> None:
             cache.pull_or_say(opts, pin, target, wheelhouse)
     outcome = recipe.build_oracle(pin, target, home=home, wheelhouse_root=wheelhouse,
-                                 mirror=mirror, externals_dir=ext_dir,
-                                 checkout=Path(args.checkout).resolve() if args.checkout else None,
-                                 rebuild=args.rebuild,
-                                 wait=not args.no_wait, fill_wheelhouse=fill)
+                                  mirror=mirror, externals_dir=ext_dir,
+                                  checkout=Path(args.checkout).resolve() if args.checkout else None,
+                                  rebuild=args.rebuild,
+                                  wait=not args.no_wait, fill_wheelhouse=fill)
     print_identity(outcome.identity, args.json)
     if not outcome.built:
         say(f"identity re-checked in {outcome.seconds:.1f}s (nothing rebuilt)")

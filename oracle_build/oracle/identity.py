@@ -262,10 +262,10 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
         ident.mismatches += problems
         if recorded is not None:
             ident.files = files if files is not None else inventory.check(venv, recorded,
-                                                                         deep=deep)
+                                                                          deep=deep)
             ident.mismatches += ident.files.mismatches
             ident.mismatches += inventory.check_startup(recorded,
-                                                       inventory.outside_startup(facts, venv))
+                                                        inventory.outside_startup(facts, venv))
             ident.mismatches += record_checks(venv, facts)
     libs = [e["path"] for e in facts.get("extensions", [])]
     ident.compiled_sm, problems = devices.module(target).compiled(target, libs)

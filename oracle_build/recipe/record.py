@@ -87,8 +87,8 @@ def publish(state: BuildState) -> identity.Identity:
     start = time.monotonic()
     relocated = staged.retarget_scripts(p.venv)
     files = inventory.build(p.staging_venv, relocated=relocated,
-                           startup=inventory.outside_startup(ident.facts, p.staging_venv),
-                           hashed=state.hashed)
+                            startup=inventory.outside_startup(ident.facts, p.staging_venv),
+                            hashed=state.hashed)
     atomic_write_json(inventory.path(p.staging_venv), files)
     fingerprint = inventory.fingerprint(files)
     summary = ManifestSummary(
@@ -130,8 +130,8 @@ def publish(state: BuildState) -> identity.Identity:
     # the anchor, outside the venv: written last, once the record is final (an oracle without
     # its anchor is an interrupted publish, never the oracle)
     inventory.write_anchor(p.venv, manifest_sha256=sha256_file(inventory.path(p.venv)),
-                          record_sha256=sha256_file(final_venv.record_path),
-                          content_fingerprint=fingerprint)
+                           record_sha256=sha256_file(final_venv.record_path),
+                           content_fingerprint=fingerprint)
     if replaced is not None:
         shutil.rmtree(replaced, ignore_errors=True)
     shutil.rmtree(p.staging, ignore_errors=True)

@@ -29,7 +29,7 @@ def _session(golden: Golden, path: Path, home: Path, *,
     oracle = Oracles(home).get(pin, rec.oracle.target, variant=variant)
     model = recorded_model(rec, path, home, oracle)
     return EngineSession(oracle, model, {**rec.engine.requested, **(changes or {})},
-                                home)
+                         home)
 
 
 def margin(path: Path, prompt: str, position: int, *, home: Path,

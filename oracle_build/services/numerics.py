@@ -175,7 +175,7 @@ def numerics(*, pin: Pin, pin_path: Path, target: str | None, battery: Path, hom
     say(f"numerics battery: {len(specs)} members; golden set {where}")
     # every member's layout read from the oracle's transformers in one run, not one each
     families.layouts(list(families.FAMILIES), oracle.venv,
-                       str(oracle.identity.summary()["transformers"]), home)
+                     str(oracle.identity.summary()["transformers"]), home)
     present = [s for s in specs if (where / s.stem / "golden.json").exists()]
     missing = [s for s in specs if s not in present]
     if present:
