@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from oracle_build import host
 from oracle_build.commands.common import (
     EXIT_CODES_HELP,
     Subparsers,
@@ -81,12 +80,7 @@ def run_verify(args: argparse.Namespace) -> int:
         print(render(report))
     ci_reports(report, junit_path=args.junit_xml, summary_path=args.summary_md)
     if page is not None:
-        html.write(verify_page(report, page, host_label()), Path(args.html))
+        html.write(verify_page(report, page), Path(args.html))
         say(f"HTML report: {args.html}")
     return report.exit_code
 
-
-def host_label() -> str:
-    """What ran, for a page with no oracle opened: this host's machine and CPU variant."""
-    h = host.host()
-    return f"{h.machine} {h.cpu_variant or ''}".strip()

@@ -96,13 +96,20 @@ class PageData:
             self.oracle = oracle_facts(oracle)
 
 
+def _host_label() -> str:
+    from oracle_build import host
+
+    h = host.host()
+    return f"{h.machine} {h.cpu_variant or ''}".strip()
+
+
 def _band(path: str, prompts: list[PagePrompt]) -> float | None:
     return load_golden(Path(path)).gate.band_nats if prompts else None
 
 
-def verify_page(report: VerifyReport, data: PageData, host_label: str) -> Page:
+def verify_page(report: VerifyReport, data: PageData) -> Page:
     """The page of verify's ``report``: the same verdicts, in the same words, with what
-    verify gathered (``host_label``: what ran, when no oracle was opened)."""
+    verify gathered (this host's machine and CPU variant, when no oracle was opened)."""
     goldens = []
     for v in report.goldens:
         prompts = data.prompts.get(v.path, [])
@@ -114,7 +121,7 @@ def verify_page(report: VerifyReport, data: PageData, host_label: str) -> Page:
             summary=v.summary, band_nats=_band(v.path, prompts),
             logprobs_identical=v.logprobs_identical, prompts=prompts))
     return Page(page_schema=PAGE_SCHEMA, kind="verify", title="oracle-build verify",
-                created_utc=report.created_utc, oracle=data.oracle or {"host": host_label},
+                created_utc=report.created_utc, oracle=data.oracle or {"host": _host_label()},
                 reference_label="golden", candidate_label="this run",
                 exit_code=report.exit_code, goldens=goldens, pieces=data.pieces)
 
