@@ -97,14 +97,12 @@ def hold(target: Target, asked: str | None = None) -> Hold:
 
 def held_name(target: Target, asked: str | None = None) -> str | None:
     """The name of the variant ``hold`` would hold (no host check): a key for opened oracles."""
-    if not module(target).BY_CPU_VARIANT:
-        return None
-    return cpu.held_variant(target, asked)
+    return module(target).held_name(target, asked)
 
 
 def known_variants(target: Target) -> list[str]:
     """The CPU kernel variants ``target``'s engines may be held to ([] on a GPU target)."""
-    return cpu.known_variants(target.machine) if module(target).BY_CPU_VARIANT else []
+    return module(target).known_variants(target)
 
 
 def missing_instructions(target: Target, asked: str | None = None) -> list[str]:
@@ -112,17 +110,13 @@ def missing_instructions(target: Target, asked: str | None = None) -> list[str]:
     host's CPU lacks; [] when it can run it, or the target holds no CPU variant."""
     from oracle_build import host
 
-    if not module(target).BY_CPU_VARIANT:
-        return []
-    return cpu.missing_flags(cpu.held_variant(target, asked), host.host().cpu_flags)
+    return module(target).missing_instructions(target, asked, host.host().cpu_flags)
 
 
 def variant_mismatches(target: Target, kernels: dict[str, Any], held: Hold) -> list[Mismatch]:
     """An engine process's kernel facts against the variant it was held to ([] for a device
     whose numbers do not depend on the host CPU)."""
-    if not module(target).BY_CPU_VARIANT:
-        return []
-    return cpu.variant_mismatches(held, kernels)
+    return module(target).variant_mismatches(held, kernels)
 
 
 def fits(target: Target, h: Host) -> tuple[bool, str]:

@@ -106,6 +106,24 @@ class Device:
                                   hint="--kernel-variant is for CPU targets")
         return NO_HOLD
 
+    def held_name(self, target: Target, asked: str | None) -> str | None:
+        """The name of the variant ``hold`` would hold, without asking the host (None: a
+        device whose numbers do not depend on the host CPU)."""
+        return None
+
+    def known_variants(self, target: Target) -> list[str]:
+        """The CPU kernel variants this target's engines may be held to."""
+        return []
+
+    def missing_instructions(self, target: Target, asked: str | None,
+                             flags: frozenset[str]) -> list[str]:
+        """The instructions the variant ``asked`` needs that a CPU with ``flags`` lacks."""
+        return []
+
+    def variant_mismatches(self, held: Hold, kernels: dict[str, Any]) -> list[Mismatch]:
+        """An engine process's kernel facts against the variant it was held to."""
+        return []
+
     def fits(self, target: Target, h: Host) -> tuple[bool, str]:
         """Whether the host's hardware is this target's (machine already checked)."""
         return True, self.NAME

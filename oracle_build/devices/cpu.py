@@ -155,6 +155,19 @@ class Cpu(Device):
              host_variant: str | None) -> Hold:
         return hold(target, asked, flags, host_variant)
 
+    def held_name(self, target: Target, asked: str | None) -> str | None:
+        return held_variant(target, asked)
+
+    def known_variants(self, target: Target) -> list[str]:
+        return known_variants(target.machine)
+
+    def missing_instructions(self, target: Target, asked: str | None,
+                             flags: frozenset[str]) -> list[str]:
+        return missing_flags(held_variant(target, asked), flags)
+
+    def variant_mismatches(self, held: Hold, kernels: dict[str, Any]) -> list[Mismatch]:
+        return variant_mismatches(held, kernels)
+
     def device_mismatches(self, target: Target, facts: dict[str, Any],
                           held: Hold) -> list[Mismatch]:
         bad: list[Mismatch] = []
