@@ -39,6 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from packaging.utils import parse_wheel_filename  # noqa: E402
 
+from benchmarks import fmt  # noqa: E402
 from oracle_build.cache.ref import parse, tag_for  # noqa: E402
 from oracle_build.cache.registry import Registry  # noqa: E402
 from oracle_build.cache.signing import generate  # noqa: E402
@@ -68,10 +69,6 @@ def rss_of(code: str) -> tuple[float, float]:
     out = subprocess.run([sys.executable, "-c", wrapper], cwd=REPO, check=True,
                          capture_output=True, text=True).stdout.split()
     return float(out[-2]), float(out[-1])
-
-
-def fmt(xs: list[float]) -> str:
-    return f"median {statistics.median(xs):7.2f} s  (runs: {', '.join(f'{x:.2f}' for x in xs)})"
 
 
 def main() -> int:

@@ -38,6 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks import fmt  # noqa: E402
 from oracle_build import goldens, host, judge  # noqa: E402
 from oracle_build.checkpoints.resolve import recorded_model  # noqa: E402
 from oracle_build.contracts.golden import load_golden, recorded  # noqa: E402
@@ -80,10 +81,6 @@ def timed(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path = REP
     if done.returncode != 0:
         raise SystemExit(f"{argv} exited {done.returncode}:\n{done.stderr[-3000:]}")
     return seconds
-
-
-def fmt(xs: list[float]) -> str:
-    return f"median {statistics.median(xs):6.2f} s  (runs: {', '.join(f'{x:.2f}' for x in xs)})"
 
 
 def ratio(xs: list[float], base: list[float]) -> float:

@@ -43,11 +43,17 @@ def make(dest: Path, prompts: int = 2000, tokens: int = 256, k: int = 20) -> Pat
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 5):
-        raise SystemExit("usage: python benchmarks/large_golden.py OUT/golden.json "
-                         "[PROMPTS TOKENS K]")
-    sizes = [int(a) for a in sys.argv[2:]]
-    out = make(Path(sys.argv[1]), *sizes)
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path, help="the golden.json to write (its folder is made)")
+    ap.add_argument("sizes", nargs="*", type=int, metavar="PROMPTS TOKENS K",
+                    help="the shape (default 2000 256 20)")
+    args = ap.parse_args()
+    if len(args.sizes) not in (0, 3) or any(n <= 0 for n in args.sizes):
+        ap.error("give PROMPTS TOKENS K together, each above 0, or none of them")
+    out = make(args.out, *args.sizes)
     sys.path.insert(0, str(REPO))
     from oracle_build.contracts.golden import load_golden
 

@@ -37,6 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks import fmt  # noqa: E402
 from oracle_build.contracts.lock import LockEntry  # noqa: E402
 from oracle_build.contracts.pins import load_pin  # noqa: E402
 from oracle_build.core import env as envmod  # noqa: E402
@@ -82,10 +83,6 @@ def requirements(record: dict[str, Any]) -> str:
 
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
-
-
-def fmt(xs: list[float]) -> str:
-    return f"median {median(xs):7.2f} s  (runs: {', '.join(f'{x:.2f}' for x in xs)})"
 
 
 def measure_identity(pin: Any, target: Any, oracle_venv: Path, runs: int, neutral: Path,

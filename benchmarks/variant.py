@@ -25,6 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks import fmt  # noqa: E402
 from oracle_build import host  # noqa: E402
 from oracle_build.core import layout  # noqa: E402
 
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{rounds} paired round(s)")
     med = {k: statistics.median(v) for k, v in times.items()}
     for k, v in times.items():
-        print(f"  {k:<15} median {med[k]:6.2f} s  (runs: {', '.join(f'{x:.2f}' for x in v)})")
+        print(f"  {k:<15} {fmt(v)}")
     for what in ("capture", "verify"):
         print(f"  {what}: held / native = {med[what + ' held'] / med[what + ' native']:.3f}x")
     return 0
