@@ -8,7 +8,7 @@ import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from oracle_build.contracts.reports import GoldenVerdict, VerifyReport
+from oracle_build.contracts.reports import GoldenVerdict, TokenRow, VerifyReport
 from oracle_build.core import verdicts
 from oracle_build.core.files import atomic_write_bytes
 from oracle_build.core.log import say
@@ -30,8 +30,10 @@ def junit_xml(report: VerifyReport) -> bytes:
     for v in report.goldens:
         suite = ET.SubElement(root, "testsuite", name=v.name, file=v.path)
         counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-        for prompt in [t.prompt for t in v.tokens] or _prompt_ids(v.path):
-            _case(suite, v, prompt, counts)
+        rows: list[tuple[str, TokenRow | None]] = [(t.prompt, t) for t in v.tokens] or [
+            (p, None) for p in _prompt_ids(v.path)]
+        for prompt, row in rows:
+            _case(suite, v, prompt, row, counts)
         for key, n in counts.items():
             suite.set(key, str(n))
             if key in totals:
@@ -43,10 +45,11 @@ def junit_xml(report: VerifyReport) -> bytes:
     return out + b"\n"
 
 
-def _case(suite: ET.Element, v: GoldenVerdict, prompt: str, counts: dict[str, int]) -> None:
+def _case(suite: ET.Element, v: GoldenVerdict, prompt: str, row: TokenRow | None,
+          counts: dict[str, int]) -> None:
+    """One prompt's test case (``row``: its token result; None for a golden not run)."""
     case = ET.SubElement(suite, "testcase", classname=v.name, name=prompt)
     counts["tests"] += 1
-    row = next((t for t in v.tokens if t.prompt == prompt), None)
     if v.status == "not_verifiable_here":
         ET.SubElement(case, "skipped", message=v.why[:500])
         counts["skipped"] += 1
