@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks import fmt  # noqa: E402
-from oracle_build import goldens, host, judge  # noqa: E402
+from oracle_build import devices, goldens, host, judge  # noqa: E402
 from oracle_build.checkpoints.resolve import recorded_model  # noqa: E402
 from oracle_build.contracts.golden import load_golden, recorded  # noqa: E402
 from oracle_build.contracts.spec import load_spec  # noqa: E402
@@ -47,6 +47,7 @@ from oracle_build.contracts.topk import TopKTable  # noqa: E402
 from oracle_build.core import env as envmod  # noqa: E402
 from oracle_build.core import layout  # noqa: E402
 from oracle_build.core.filelock import held  # noqa: E402
+from oracle_build.engine.caches import CompileCache  # noqa: E402
 from oracle_build.engine.runs import run_from_golden  # noqa: E402
 from oracle_build.goldens import publish  # noqa: E402
 from oracle_build.oracle.opening import engine_env, open_oracle  # noqa: E402
@@ -99,7 +100,10 @@ def bare_request(home: Path, legs: int, work: Path,
                "runs": [run_from_golden(rec, legs=legs)]}
     req = work / f"bare-{legs}.json"
     req.write_text(json.dumps(request))
-    env = envmod.oracle_env(engine_env(oracle.target))
+    # the same compile cache verify's engine uses (warm after the warm-up round)
+    caches = CompileCache.of(home, pin.key)
+    env = {**envmod.oracle_env(engine_env(oracle.target, devices.NO_HOLD, caches)),
+           **caches.variables()}
     return req, env, oracle.venv.python
 
 

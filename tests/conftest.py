@@ -71,6 +71,9 @@ def site_packages(venv: Path) -> Path:
 # - one engine at a time on the host, whichever worker or home starts it: every engine the
 #   tool starts (and a benchmark's bare one) holds ORACLE_BUILD_ENGINE_LOCK, which the run
 #   sets once, for every worker, to a lock file in SHARED;
+# - the engines' compile caches (ORACLE_BUILD_COMPILE_CACHE, set the same way to a folder
+#   in SHARED): a kernel torch compiles for one test's engine is loaded by the next, in
+#   whichever home, and a run leaves nothing in the host's /tmp/torchinductor_<user>;
 # - the session warm-ups, in turns through a lock file in SHARED, as cibuildwheel's tests
 #   share theirs: the session oracle, built once in a home in SHARED (another worker
 #   re-checks a hard-linked copy of it in a home of its own: `cpu_oracle`), which fills the
@@ -82,6 +85,7 @@ def site_packages(venv: Path) -> Path:
 # folders.
 SHARED_ENV = "ORACLE_BUILD_TEST_SHARED"
 ENGINE_LOCK_ENV = "ORACLE_BUILD_ENGINE_LOCK"
+COMPILE_CACHE_ENV = "ORACLE_BUILD_COMPILE_CACHE"
 _OWN_SHARED: list[Path] = []
 
 
@@ -96,6 +100,7 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[SHARED_ENV] = str(shared)
         _OWN_SHARED.append(shared)
     os.environ.setdefault(ENGINE_LOCK_ENV, str(shared / "engine.lock"))
+    os.environ.setdefault(COMPILE_CACHE_ENV, str(shared / "compile-cache"))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -109,6 +114,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os.environ.pop(SHARED_ENV, None)
         if os.environ.get(ENGINE_LOCK_ENV) == str(shared / "engine.lock"):
             os.environ.pop(ENGINE_LOCK_ENV)
+        if os.environ.get(COMPILE_CACHE_ENV) == str(shared / "compile-cache"):
+            os.environ.pop(COMPILE_CACHE_ENV)
 
 
 def taking_turns(what: str) -> Any:

@@ -26,6 +26,7 @@ from oracle_build.contracts.golden import load_golden
 from oracle_build.contracts.pins import Pin, load_pin
 from oracle_build.core import layout
 from oracle_build.core.filelock import held
+from oracle_build.engine.caches import CompileCache
 from oracle_build.oracle import identity
 from tests.conftest import CPU_PIN, REPO, TINY_SPEC, BuiltOracle, reliability, site_packages
 from tests.srcpkg import make_repo, write_pin
@@ -280,8 +281,12 @@ def test_killed_build_leaves_no_oracle_and_recovers(tmp_path: Path, sig: int,
 
 
 def test_capture_killed_at_every_point_leaves_no_golden(cpu_oracle: BuiltOracle,
-                                                        tmp_path: Path) -> None:
-    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
+                                                        tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    """Each kill also leaves the compile cache's journal when it landed while the engine
+    ran (it may have cut a kernel's compile short): the next run discards that cache, and
+    it completes. Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     out = tmp_path / "out"
     args = ["capture", str(TINY_SPEC), "--out", str(out), "--home", str(cpu_oracle.home)]
     folder = out / "tiny-llama-greedy"
@@ -305,7 +310,12 @@ def test_capture_killed_at_every_point_leaves_no_golden(cpu_oracle: BuiltOracle,
             reliability("kill points survived",
                         f"capture {phase} +{delay:g}s {signame(sig)}")
     assert landed >= 6, f"only {landed} of 8 capture kills landed in their phase"
+    journal = CompileCache.of(cpu_oracle.home, cpu_oracle.pin.key).journal
+    left = journal.exists()
+    capsys.readouterr()
     assert main(args) == 0  # the next run completes normally
+    assert ("did not finish" in capsys.readouterr().err) == left
+    assert not journal.exists()
     assert (out / "tiny-llama-greedy" / "golden.json").exists()
 
 

@@ -11,6 +11,8 @@ formats. Every path the tool writes is spelled here, once.
     <home>/models/<name>/                     generated models
     <home>/logs/<what>-<name>-<stamp>.log     engine logs
     <home>/locks/                             advisory locks (the engine lock: see engine_lock)
+    <home>/compile-cache/<pin key>/           the engine's compile caches (torch inductor,
+                                              vLLM, Triton; ORACLE_BUILD_COMPILE_CACHE)
     <home>/captures/<stamp>/, <home>/explain/ default outputs
 """
 
@@ -111,6 +113,17 @@ def engine_lock(home: Path) -> Path:
     gate host shared by several checkouts or CI jobs, each with a home of its own)."""
     env = tool_variable("ORACLE_BUILD_ENGINE_LOCK")
     return Path(env).expanduser().resolve() if env else home / "locks" / "engine.lock"
+
+
+def compile_cache(home: Path, pin_key: str) -> Path:
+    """The compile caches of this oracle's engines (torch inductor's compiled kernels and
+    precompiled headers, vLLM's compile cache, Triton's): the tool's own, never the host's
+    shared ``/tmp/torchinductor_<user>``, where a killed compile poisons every later run.
+    ``ORACLE_BUILD_COMPILE_CACHE`` names the folder that holds one per pin key instead (homes
+    that share an engine lock can share compiled kernels too)."""
+    env = tool_variable("ORACLE_BUILD_COMPILE_CACHE")
+    root = Path(env).expanduser().resolve() if env else home / "compile-cache"
+    return root / pin_key
 
 
 def golden_lock(home: Path, golden: Path) -> Path:

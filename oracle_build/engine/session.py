@@ -31,6 +31,7 @@ from oracle_build.core.errors import (
 from oracle_build.core.filelock import held
 from oracle_build.core.files import validate
 from oracle_build.core.log import say
+from oracle_build.engine.caches import CompileCache
 from oracle_build.oracle.opening import Oracle, engine_env
 
 BACKEND_LOG = re.compile(r"Using (?:the )?([A-Za-z0-9_]+) (?:attention )?backend", re.I)
@@ -132,7 +133,11 @@ class EngineSession:
             request.update(pieces=True, piece_ids=sorted(pieces))
         # One engine at a time per oracle home: two engines can exhaust a host's memory
         # (GB10's unified memory included). Another capture/verify/explain waits here.
-        with held(layout.engine_lock(self.home), what="a vLLM engine"):
+        # Engines sharing a compile cache also run one at a time: one whose journal is left
+        # over did not finish, and the cache it wrote into is discarded first.
+        caches = CompileCache.of(self.home, self.oracle.pin.key)
+        with held(layout.engine_lock(self.home), what="a vLLM engine"), \
+                caches.in_use(f"{what} {name}") as use:
             engine_host = self.oracle.take_host()
             if engine_host is not None:  # identity proved in this process: start the engine
                 log = engine_host.log
@@ -143,7 +148,9 @@ class EngineSession:
                 log.parent.mkdir(parents=True, exist_ok=True)
                 answer = self.oracle.venv.run_inside(
                     "driver.py", [], request=request,
-                    env=engine_env(target, self.oracle.hold), log=log, what="vLLM engine")
+                    env=engine_env(target, self.oracle.hold, caches), log=log,
+                    what="vLLM engine")
+            use.clean = answer.data is not None and answer.data.get("ok") is True
         if answer.data is None:
             raise EngineFailed(f"the driver exited with {answer.result.returncode} and wrote "
                                f"no result; log: {log}\n" + _tail(log))

@@ -289,9 +289,31 @@ def probe_module():
     return _PROBE[0]
 
 
+# The compile caches the harness gives the engine (oracle_build/engine/caches.py): each
+# variable points below the folder it names, unless the caller set it (the caller's cache).
+COMPILE_CACHE_VARIABLE = "ORACLE_BUILD_INSIDE_COMPILE_CACHE"
+COMPILE_CACHES = (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("VLLM_CACHE_ROOT", "vllm"),
+                  ("TRITON_CACHE_DIR", "triton"))
+_SET_HERE = {}
+
+
+def use_compile_caches():
+    """Point the compile caches at the harness's folder, before torch or vLLM is imported.
+    Called after the environment is recorded: where a cache lives changes no arithmetic,
+    and a path in the tool's home would make every golden differ from every other home."""
+    root = os.environ.pop(COMPILE_CACHE_VARIABLE, None)
+    if not root:
+        return
+    for name, sub in COMPILE_CACHES:
+        if not os.environ.get(name):
+            os.environ[name] = _SET_HERE[name] = os.path.join(root, sub)
+
+
 def serve(argv):
     """Probe, then wait for the harness: ``run REQ OUT`` or ``exit``."""
     env_before = dict(os.environ)
+    env_before.pop(COMPILE_CACHE_VARIABLE, None)
+    use_compile_caches()
     probe = probe_module()
     probe.main([argv[0], *argv[2:]])
     print("driver: identity facts written; waiting for the harness", flush=True)
@@ -313,6 +335,7 @@ def main(argv, env_before=None):
     prefixes = tuple(req["record_env_prefixes"])
     before = env_before if env_before is not None else os.environ
     result["env"] = {k: v for k, v in sorted(before.items()) if k.startswith(prefixes)}
+    use_compile_caches()
     try:
         probe = probe_module()
         probe.hold_kernel_variant()  # before vLLM imports its kernels (when held)
@@ -325,7 +348,8 @@ def main(argv, env_before=None):
         # What vLLM/torch set for themselves on import, apart from what the caller set.
         result["env_after_import"] = {
             k: v for k, v in sorted(os.environ.items())
-            if k.startswith(prefixes) and result["env"].get(k) != v}
+            if k.startswith(prefixes) and result["env"].get(k) != v
+            and _SET_HERE.get(k) != v}
         if req.get("audit_weights"):
             result["weights"] = {}
             audit_weights(result["weights"])

@@ -18,6 +18,7 @@ from oracle_build.core.errors import (
 )
 from oracle_build.core.files import sha256_file
 from oracle_build.core.log import say
+from oracle_build.engine.caches import CompileCache
 from oracle_build.engine.host import EngineHost, serve
 from oracle_build.oracle import identity, inventory
 from oracle_build.oracle.venv import OracleVenv
@@ -41,10 +42,10 @@ class Oracle:
         return self.hosts.pop() if self.hosts else None
 
 
-def engine_env(target: Target, hold: devices.Hold = devices.NO_HOLD) -> dict[str, str]:
+def engine_env(target: Target, hold: devices.Hold, caches: CompileCache) -> dict[str, str]:
     """The environment every engine of this target runs with (in-process engine core), held
-    to ``hold``'s kernel variant."""
-    return {**target.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **hold.env}
+    to ``hold``'s kernel variant, compiling into ``caches``."""
+    return {**target.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **hold.env, **caches.env()}
 
 
 def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
@@ -69,8 +70,9 @@ def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
         + (f" (CPU kernel variant {hold.variant}, held)" if hold.inside else ""))
     hosts: list[EngineHost] = []
     if engine_log is not None:
-        engine_host = serve(venv, identity.probe_args(target), env=engine_env(target, hold),
-                                 log=engine_log)
+        engine_host = serve(venv, identity.probe_args(target),
+                            env=engine_env(target, hold, CompileCache.of(home, pin.key)),
+                            log=engine_log)
         # every file hashed (not only those whose size or mtime moved: both can be put back)
         # while the host imports vLLM; no engine starts before the hashes agree
         try:

@@ -1,0 +1,193 @@
+"""The engine's compile caches (oracle_build/engine/caches.py): the tool's own folder per
+oracle, a journal while an engine runs on it, and a cache an unfinished run wrote into
+discarded before the next engine starts.
+
+The failure this guards against happened in CI: a capture killed while torch's inductor
+linked a kernel left an empty ``.main.so`` in the host's shared /tmp/torchinductor_root,
+and every engine started after it, in any home, failed with ``file too short``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from oracle_build.core import layout
+from oracle_build.core.errors import OutputFailed
+from oracle_build.engine import caches
+from oracle_build.engine.caches import CompileCache
+from tests.conftest import COMPILE_CACHE_ENV, REPO, BuiltOracle
+
+
+def driver_module() -> object:
+    """inside/driver.py as the oracle's python loads it (standard library at import)."""
+    spec = importlib.util.spec_from_file_location(
+        "driver_under_test", REPO / "oracle_build" / "inside" / "driver.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cache_is_the_homes_or_the_variables(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(COMPILE_CACHE_ENV, raising=False)
+    assert layout.compile_cache(tmp_path, "cpu-abc") == tmp_path / "compile-cache" / "cpu-abc"
+    monkeypatch.setenv(COMPILE_CACHE_ENV, str(tmp_path / "shared"))
+    assert layout.compile_cache(tmp_path / "home", "cpu-abc") == \
+        (tmp_path / "shared" / "cpu-abc").resolve()
+
+
+def test_a_clean_run_leaves_no_journal_and_keeps_the_cache(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    cache = CompileCache(tmp_path / "cpu-abc")
+    with cache.in_use("verify x") as use:
+        assert json.loads(cache.journal.read_text())["pid"] == os.getpid()
+        (cache.root / "inductor").mkdir()
+        (cache.root / "inductor" / "k.main.so").write_bytes(b"\x7fELF kernel")
+        use.clean = True
+    assert not cache.journal.exists()
+    with cache.in_use("verify x") as use:  # the next run keeps what the last one compiled
+        assert (cache.root / "inductor" / "k.main.so").read_bytes() == b"\x7fELF kernel"
+        use.clean = True
+    assert "discard" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("how", ["failed", "raised"])
+def test_an_unfinished_run_has_its_cache_discarded_by_the_next(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str) -> None:
+    """An engine that answered not-ok, or a harness interrupted while it ran (the exception
+    stands for a KeyboardInterrupt): the journal stays, and the next run starts from an
+    empty cache."""
+    cache = CompileCache(tmp_path / "cpu-abc")
+    poisoned = cache.root / "inductor" / "n2" / "k.main.so"
+    try:
+        with cache.in_use("capture tiny") as use:
+            poisoned.parent.mkdir(parents=True)
+            poisoned.write_bytes(b"")  # what a linker killed as it opened its output leaves
+            if how == "raised":
+                raise KeyboardInterrupt
+            use.clean = False
+    except KeyboardInterrupt:
+        pass
+    assert cache.journal.exists()
+    assert "the next engine start discards its compile cache" in capsys.readouterr().err
+    with cache.in_use("verify tiny") as use:
+        err = capsys.readouterr().err
+        assert "did not finish" in err and "capture tiny" in err and str(cache.root) in err
+        assert not poisoned.exists()
+        assert cache.root.is_dir()  # an empty cache for this start
+        use.clean = True
+    assert not cache.journal.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu-abc", "cpu-abc.lock"]
+
+
+def test_a_killed_runs_journal_is_read_as_data(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A journal left by a SIGKILL (written here as the kill leaves it), one that is not
+    JSON, and one whose words hold an escape: each means discard, and none is printed raw."""
+    cache = CompileCache(tmp_path / "cpu-abc")
+    cache.root.mkdir()
+    for text, said in ((json.dumps({"pid": 4242, "started": "2026-12-03T11:14:49Z",
+                                    "what": "capture tiny"}), "pid 4242"),
+                       ("{truncated", "journal unreadable"),
+                       (json.dumps({"what": "x\x1b[2Jy"}), "what x\\x1b[2Jy")):
+        (cache.root / "old.so").write_bytes(b"")
+        cache.journal.write_text(text)
+        assert cache.recover() is True
+        err = capsys.readouterr().err
+        assert said in err and "\x1b" not in err
+        assert not cache.root.exists() and not cache.journal.exists()
+        cache.root.mkdir()
+    assert cache.recover() is False  # no journal: nothing discarded
+
+
+def test_a_set_aside_cache_left_by_a_kill_is_deleted(tmp_path: Path) -> None:
+    """A kill between the set-aside rename and the delete leaves ``.<key>.discarded-<pid>``:
+    the next run deletes it."""
+    cache = CompileCache(tmp_path / "cpu-abc")
+    aside = tmp_path / ".cpu-abc.discarded-99999"
+    (aside / "inductor").mkdir(parents=True)
+    (aside / "inductor" / "big.gch").write_bytes(b"x" * 1000)
+    with cache.in_use("verify") as use:
+        use.clean = True
+    assert not aside.exists()
+
+
+def test_a_cache_that_cannot_be_written_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    cache = CompileCache(blocker / "cpu-abc")
+    with pytest.raises(OutputFailed) as info, cache.in_use("verify"):
+        pass
+    assert str(blocker) in info.value.message
+
+
+def test_the_driver_points_each_cache_below_the_folder_and_keeps_the_callers(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    driver = driver_module()
+    assert tuple(driver.COMPILE_CACHES) == caches.VARIABLES  # type: ignore[attr-defined]
+    assert driver.COMPILE_CACHE_VARIABLE == caches.INSIDE_VARIABLE  # type: ignore[attr-defined]
+    for name, _sub in caches.VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/callers/triton")
+    monkeypatch.setenv(caches.INSIDE_VARIABLE, str(tmp_path))
+    driver.use_compile_caches()  # type: ignore[attr-defined]
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+    assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path / "vllm")
+    assert os.environ["TRITON_CACHE_DIR"] == "/callers/triton"  # the caller's own cache
+    assert caches.INSIDE_VARIABLE not in os.environ
+    assert CompileCache(tmp_path).variables()["TORCHINDUCTOR_CACHE_DIR"] == \
+        str(tmp_path / "inductor")
+
+
+@pytest.mark.slow
+def test_a_poisoned_cache_fails_one_start_and_the_next_recovers(
+        cpu_oracle: BuiltOracle, host_golden: Path, tmp_path: Path) -> None:
+    """The CI failure, reproduced on a copy of this run's cache: every compiled kernel
+    truncated to nothing, as a kill leaves one. The first verify fails (exit 12, and says
+    the cache goes), the next discards it, compiles from nothing, and passes; no golden
+    records where the cache was. Slow: up to three engine starts."""
+    shared = layout.compile_cache(cpu_oracle.home, cpu_oracle.pin.key)
+    own = tmp_path / "caches"
+    env = {**os.environ, COMPILE_CACHE_ENV: str(own)}
+    args = [sys.executable, "-m", "oracle_build", "verify", str(host_golden), "--home",
+            str(cpu_oracle.home)]
+
+    def verify() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=900, check=False)
+
+    cache = CompileCache.of(cpu_oracle.home, cpu_oracle.pin.key)
+    assert cache.root == shared  # the run's shared cache, before the override
+    mine = own / cpu_oracle.pin.key
+    if shared.is_dir() and list(shared.rglob("*.main.so")):
+        shutil.copytree(shared, mine, symlinks=True)
+    else:  # this file ran first: compile once into the copy
+        warm = verify()
+        assert warm.returncode == 0, warm.stderr[-3000:]
+    kernels = list(mine.rglob("*.main.so"))
+    assert kernels, "the engine compiled no kernel: nothing to poison"
+    for kernel in kernels:
+        kernel.write_bytes(b"")
+
+    poisoned = verify()
+    assert poisoned.returncode == 12, poisoned.stderr[-3000:]
+    assert "the next engine start discards its compile cache" in poisoned.stderr
+    assert (own / f"{cpu_oracle.pin.key}.running.json").exists()
+
+    recovered = verify()
+    assert recovered.returncode == 0, recovered.stderr[-3000:]
+    assert "did not finish" in recovered.stderr and "discarding" in recovered.stderr
+    # the tool's cache paths are not recorded: no context difference names one
+    assert "TORCHINDUCTOR_CACHE_DIR" not in recovered.stdout + recovered.stderr
+    assert not (own / f"{cpu_oracle.pin.key}.running.json").exists()
+    rebuilt = list(mine.rglob("*.main.so"))
+    assert rebuilt and all(k.stat().st_size > 0 for k in rebuilt)
