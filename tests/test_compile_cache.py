@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -131,31 +130,46 @@ def test_a_cache_that_cannot_be_written_is_a_clear_error(tmp_path: Path) -> None
 
 
 def test_the_driver_points_each_cache_below_the_folder_and_keeps_the_callers(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        tmp_path: Path) -> None:
+    """In a process of its own, as the driver runs (setting the variables in this one would
+    leak them to every later test's engine: a caller's cache, used as it is)."""
     driver = driver_module()
     assert tuple(driver.COMPILE_CACHES) == caches.VARIABLES  # type: ignore[attr-defined]
     assert driver.COMPILE_CACHE_VARIABLE == caches.INSIDE_VARIABLE  # type: ignore[attr-defined]
-    for name, _sub in caches.VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("TRITON_CACHE_DIR", "/callers/triton")
-    monkeypatch.setenv(caches.INSIDE_VARIABLE, str(tmp_path))
-    driver.use_compile_caches()  # type: ignore[attr-defined]
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
-    assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path / "vllm")
-    assert os.environ["TRITON_CACHE_DIR"] == "/callers/triton"  # the caller's own cache
-    assert caches.INSIDE_VARIABLE not in os.environ
-    assert CompileCache(tmp_path).variables()["TORCHINDUCTOR_CACHE_DIR"] == \
-        str(tmp_path / "inductor")
+    code = ("import importlib.util, json, os, sys\n"
+            "spec = importlib.util.spec_from_file_location('driver', sys.argv[1])\n"
+            "module = importlib.util.module_from_spec(spec)\n"
+            "spec.loader.exec_module(module)\n"
+            "module.use_compile_caches()\n"
+            "print(json.dumps({k: os.environ.get(k) for k in sys.argv[2:]}))\n")
+    names = [name for name, _sub in caches.VARIABLES]
+    before = {name: os.environ.get(name) for name in names}
+    env = {k: v for k, v in os.environ.items() if k not in names}
+    env.update({"TRITON_CACHE_DIR": "/callers/triton", caches.INSIDE_VARIABLE: str(tmp_path)})
+    done = subprocess.run([sys.executable, "-I", "-c", code,
+                           str(REPO / "oracle_build" / "inside" / "driver.py"), *names,
+                           caches.INSIDE_VARIABLE], env=env, capture_output=True, text=True,
+                          check=True)
+    seen = json.loads(done.stdout)
+    assert seen == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+                    "VLLM_CACHE_ROOT": str(tmp_path / "vllm"),
+                    "TRITON_CACHE_DIR": "/callers/triton",  # the caller's own cache
+                    caches.INSIDE_VARIABLE: None}
+    assert CompileCache(tmp_path).variables() == {
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+        "VLLM_CACHE_ROOT": str(tmp_path / "vllm"), "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    assert {name: os.environ.get(name) for name in names} == before  # this process's own
 
 
 @pytest.mark.slow
 def test_a_poisoned_cache_fails_one_start_and_the_next_recovers(
         cpu_oracle: BuiltOracle, host_golden: Path, tmp_path: Path) -> None:
-    """The CI failure, reproduced on a copy of this run's cache: every compiled kernel
-    truncated to nothing, as a kill leaves one. The first verify fails (exit 12, and says
-    the cache goes), the next discards it, compiles from nothing, and passes; no golden
-    records where the cache was. Slow: up to three engine starts."""
-    shared = layout.compile_cache(cpu_oracle.home, cpu_oracle.pin.key)
+    """The CI failure, reproduced in a cache of the test's own: once this golden's kernels
+    are compiled into it, every one truncated to nothing, as a kill leaves one. The verify
+    after fails (exit 12, and says the cache goes), the next discards it, compiles from
+    nothing, and passes; no golden records where the cache was. Slow: three engine starts.
+    (A first version poisoned a copy of the run's shared cache: it held other tests'
+    kernels, not necessarily this golden's, and the verify passed.)"""
     own = tmp_path / "caches"
     env = {**os.environ, COMPILE_CACHE_ENV: str(own)}
     args = [sys.executable, "-m", "oracle_build", "verify", str(host_golden), "--home",
@@ -165,14 +179,9 @@ def test_a_poisoned_cache_fails_one_start_and_the_next_recovers(
         return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=900, check=False)
 
-    cache = CompileCache.of(cpu_oracle.home, cpu_oracle.pin.key)
-    assert cache.root == shared  # the run's shared cache, before the override
     mine = own / cpu_oracle.pin.key
-    if shared.is_dir() and list(shared.rglob("*.main.so")):
-        shutil.copytree(shared, mine, symlinks=True)
-    else:  # this file ran first: compile once into the copy
-        warm = verify()
-        assert warm.returncode == 0, warm.stderr[-3000:]
+    warm = verify()  # this golden's kernels, compiled into a cache of the test's own
+    assert warm.returncode == 0, warm.stderr[-3000:]
     kernels = list(mine.rglob("*.main.so"))
     assert kernels, "the engine compiled no kernel: nothing to poison"
     for kernel in kernels:

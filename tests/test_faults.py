@@ -28,7 +28,15 @@ from oracle_build.core import layout
 from oracle_build.core.filelock import held
 from oracle_build.engine.caches import CompileCache
 from oracle_build.oracle import identity
-from tests.conftest import CPU_PIN, REPO, TINY_SPEC, BuiltOracle, reliability, site_packages
+from tests.conftest import (
+    COMPILE_CACHE_ENV,
+    CPU_PIN,
+    REPO,
+    TINY_SPEC,
+    BuiltOracle,
+    reliability,
+    site_packages,
+)
 from tests.srcpkg import make_repo, write_pin
 
 pytestmark = pytest.mark.slow
@@ -282,11 +290,16 @@ def test_killed_build_leaves_no_oracle_and_recovers(tmp_path: Path, sig: int,
 
 def test_capture_killed_at_every_point_leaves_no_golden(cpu_oracle: BuiltOracle,
                                                         tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]
+                                                        capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch
                                                         ) -> None:
     """Each kill also leaves the compile cache's journal when it landed while the engine
     ran (it may have cut a kernel's compile short): the next run discards that cache, and
-    it completes. Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
+    it completes. The engines compile into a cache of the test's own: the journals are then
+    this test's alone (not another worker's engine's), and no other test recompiles after
+    its kills. Slow: runs the real vLLM engine (an engine start is about 20 s here, 40 s
+    compiling from nothing)."""
+    monkeypatch.setenv(COMPILE_CACHE_ENV, str(tmp_path / "compile-cache"))
     out = tmp_path / "out"
     args = ["capture", str(TINY_SPEC), "--out", str(out), "--home", str(cpu_oracle.home)]
     folder = out / "tiny-llama-greedy"
