@@ -136,16 +136,21 @@ def test_the_driver_points_each_cache_below_the_folder_and_keeps_the_callers(
     driver = driver_module()
     assert tuple(driver.COMPILE_CACHES) == caches.VARIABLES  # type: ignore[attr-defined]
     assert driver.COMPILE_CACHE_VARIABLE == caches.INSIDE_VARIABLE  # type: ignore[attr-defined]
+    assert tuple(driver.ALWAYS_SET) == caches.ALWAYS_SET  # type: ignore[attr-defined]
     code = ("import importlib.util, json, os, sys\n"
             "spec = importlib.util.spec_from_file_location('driver', sys.argv[1])\n"
             "module = importlib.util.module_from_spec(spec)\n"
             "spec.loader.exec_module(module)\n"
             "module.use_compile_caches()\n"
-            "print(json.dumps({k: os.environ.get(k) for k in sys.argv[2:]}))\n")
+            "import tempfile\n"
+            "seen = {k: os.environ.get(k) for k in sys.argv[2:]}\n"
+            "seen['gettempdir'] = tempfile.gettempdir()\n"
+            "print(json.dumps(seen))\n")
     names = [name for name, _sub in caches.VARIABLES]
     before = {name: os.environ.get(name) for name in names}
     env = {k: v for k, v in os.environ.items() if k not in names}
-    env.update({"TRITON_CACHE_DIR": "/callers/triton", caches.INSIDE_VARIABLE: str(tmp_path)})
+    env.update({"TRITON_CACHE_DIR": "/callers/triton", "TMPDIR": str(tmp_path / "callers"),
+                caches.INSIDE_VARIABLE: str(tmp_path)})
     done = subprocess.run([sys.executable, "-I", "-c", code,
                            str(REPO / "oracle_build" / "inside" / "driver.py"), *names,
                            caches.INSIDE_VARIABLE], env=env, capture_output=True, text=True,
@@ -154,10 +159,15 @@ def test_the_driver_points_each_cache_below_the_folder_and_keeps_the_callers(
     assert seen == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
                     "VLLM_CACHE_ROOT": str(tmp_path / "vllm"),
                     "TRITON_CACHE_DIR": "/callers/triton",  # the caller's own cache
+                    # the temporary folder is always the cache's (inductor's headers)
+                    "TMPDIR": str(tmp_path / "tmp"), "gettempdir": str(tmp_path / "tmp"),
                     caches.INSIDE_VARIABLE: None}
-    assert CompileCache(tmp_path).variables() == {
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-        "VLLM_CACHE_ROOT": str(tmp_path / "vllm"), "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    assert CompileCache(tmp_path / "bare").variables() == {
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "bare" / "inductor"),
+        "VLLM_CACHE_ROOT": str(tmp_path / "bare" / "vllm"),
+        "TRITON_CACHE_DIR": str(tmp_path / "bare" / "triton"),
+        "TMPDIR": str(tmp_path / "bare" / "tmp")}
+    assert (tmp_path / "bare" / "tmp").is_dir()
     assert {name: os.environ.get(name) for name in names} == before  # this process's own
 
 

@@ -11,8 +11,11 @@ run means the last one was killed, crashed, or failed: the cache is set aside an
 before the engine starts, and that start compiles from nothing (about 25 s more here).
 
 The driver receives the folder in ``INSIDE_VARIABLE`` and points the caches' own variables
-below it, unless the caller set them (then the caller owns that cache). Where a cache
-lives changes no arithmetic: the tool's paths are not recorded in goldens."""
+below it, unless the caller set them (then the caller owns that cache); ``TMPDIR`` always,
+since inductor keeps its precompiled headers (150 MB each, one per oracle path and set of
+flags: 17 of them, 2.6 GB, from one test run) in the temporary folder whatever its cache
+variable says. Where a cache lives changes no arithmetic: the tool's paths are not
+recorded in goldens."""
 
 from __future__ import annotations
 
@@ -33,7 +36,10 @@ from oracle_build.core.log import say
 # and each cache's variable and its folder below it (the driver holds the same table)
 INSIDE_VARIABLE = "ORACLE_BUILD_INSIDE_COMPILE_CACHE"
 VARIABLES = (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("VLLM_CACHE_ROOT", "vllm"),
-             ("TRITON_CACHE_DIR", "triton"))
+             ("TRITON_CACHE_DIR", "triton"), ("TMPDIR", "tmp"))
+# set even when the caller set it: torch inductor's precompiled headers (about 150 MB each)
+# go under the temporary folder whatever TORCHINDUCTOR_CACHE_DIR says
+ALWAYS_SET = ("TMPDIR",)
 
 
 @dataclass
@@ -66,8 +72,11 @@ class CompileCache:
 
     def variables(self) -> dict[str, str]:
         """The caches' own variables, for a process that is not the driver (a benchmark's
-        bare engine run)."""
-        return {name: str(self.root / sub) for name, sub in VARIABLES}
+        bare engine run): its folders are made here, as the driver makes them."""
+        out = {name: self.root / sub for name, sub in VARIABLES}
+        for path in out.values():
+            path.mkdir(parents=True, exist_ok=True)
+        return {name: str(path) for name, path in out.items()}
 
     @contextmanager
     def in_use(self, what: str) -> Iterator[Use]:

@@ -291,22 +291,29 @@ def probe_module():
 
 # The compile caches the harness gives the engine (oracle_build/engine/caches.py): each
 # variable points below the folder it names, unless the caller set it (the caller's cache).
+# TMPDIR always: torch inductor keeps its precompiled headers (about 150 MB each, one per
+# compiler command line, the oracle's path in it) and some caches under the temporary
+# folder whatever TORCHINDUCTOR_CACHE_DIR says.
 COMPILE_CACHE_VARIABLE = "ORACLE_BUILD_INSIDE_COMPILE_CACHE"
 COMPILE_CACHES = (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("VLLM_CACHE_ROOT", "vllm"),
-                  ("TRITON_CACHE_DIR", "triton"))
+                  ("TRITON_CACHE_DIR", "triton"), ("TMPDIR", "tmp"))
+ALWAYS_SET = ("TMPDIR",)
 _SET_HERE = {}
 
 
 def use_compile_caches():
-    """Point the compile caches at the harness's folder, before torch or vLLM is imported.
+    """Point the compile caches at the harness's folder, before torch or vLLM is imported
+    (and before anything asks for the temporary folder, which Python reads once).
     Called after the environment is recorded: where a cache lives changes no arithmetic,
     and a path in the tool's home would make every golden differ from every other home."""
     root = os.environ.pop(COMPILE_CACHE_VARIABLE, None)
     if not root:
         return
     for name, sub in COMPILE_CACHES:
-        if not os.environ.get(name):
-            os.environ[name] = _SET_HERE[name] = os.path.join(root, sub)
+        if name in ALWAYS_SET or not os.environ.get(name):
+            path = os.path.join(root, sub)
+            os.makedirs(path, exist_ok=True)  # a TMPDIR that does not exist is passed over
+            os.environ[name] = _SET_HERE[name] = path
 
 
 def serve(argv):
