@@ -19,6 +19,7 @@ import pytest
 
 from oracle_build.core import layout
 from oracle_build.core.errors import OutputFailed
+from oracle_build.core.filelock import held
 from oracle_build.engine import caches
 from oracle_build.engine.caches import CompileCache
 from tests.conftest import COMPILE_CACHE_ENV, REPO, BuiltOracle
@@ -82,7 +83,7 @@ def test_an_unfinished_run_has_its_cache_discarded_by_the_next(
         err = capsys.readouterr().err
         assert "did not finish" in err and "capture tiny" in err and str(cache.root) in err
         assert not poisoned.exists()
-        assert cache.root.is_dir()  # an empty cache for this start
+        assert emptied(cache)  # an empty cache for this start
         use.clean = True
     assert not cache.journal.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu-abc", "cpu-abc.lock"]
@@ -103,9 +104,32 @@ def test_a_killed_runs_journal_is_read_as_data(tmp_path: Path,
         assert cache.recover() is True
         err = capsys.readouterr().err
         assert said in err and "\x1b" not in err
-        assert not cache.root.exists() and not cache.journal.exists()
-        cache.root.mkdir()
+        assert not cache.journal.exists()
+        assert emptied(cache)
     assert cache.recover() is False  # no journal: nothing discarded
+
+
+def emptied(cache: CompileCache) -> bool:
+    """Only the cache's own folders are left, each empty (made again: an engine host that
+    started before the discard points at them)."""
+    return sorted(p.name for p in cache.root.iterdir()) == \
+        sorted(sub for _name, sub in caches.VARIABLES) and \
+        not any(p.is_file() for p in cache.root.rglob("*"))
+
+
+def test_before_a_host_starts_a_free_cache_is_recovered_a_held_one_left(
+        tmp_path: Path) -> None:
+    """open_oracle asks before it starts an engine host: with the lock free, a journal
+    means discard now; while an engine holds the lock, its journal is live and stays."""
+    cache = CompileCache(tmp_path / "cpu-abc")
+    (cache.root / "inductor").mkdir(parents=True)
+    (cache.root / "inductor" / "k.main.so").write_bytes(b"")
+    cache.journal.write_text("{}")
+    with held(cache.lock, what="an engine elsewhere"):
+        cache.recover_before_start()
+        assert cache.journal.exists() and (cache.root / "inductor" / "k.main.so").exists()
+    cache.recover_before_start()
+    assert not cache.journal.exists() and emptied(cache)
 
 
 def test_a_set_aside_cache_left_by_a_kill_is_deleted(tmp_path: Path) -> None:
@@ -194,6 +218,8 @@ def test_a_poisoned_cache_fails_one_start_and_the_next_recovers(
     assert warm.returncode == 0, warm.stderr[-3000:]
     kernels = list(mine.rglob("*.main.so"))
     assert kernels, "the engine compiled no kernel: nothing to poison"
+    # inductor's precompiled headers went to the cache's tmp/, not the host's /tmp
+    assert list((mine / "tmp").glob("torchinductor_*/precompiled_headers/*.gch"))
     for kernel in kernels:
         kernel.write_bytes(b"")
 

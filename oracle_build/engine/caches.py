@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oracle_build.core import layout
-from oracle_build.core.errors import OutputFailed, as_data
+from oracle_build.core.errors import OutputFailed, Refused, as_data
 from oracle_build.core.filelock import held
 from oracle_build.core.log import say
 
@@ -105,11 +105,23 @@ class CompileCache:
                     say(f"    the engine did not finish cleanly: the next engine start "
                         f"discards its compile cache ({self.root})")
 
+    def recover_before_start(self) -> None:
+        """Before an engine host starts (its variables point into this cache): discard what
+        an unfinished run left, unless an engine holds the cache right now (then ``in_use``
+        finds the journal that engine may leave)."""
+        try:
+            with held(self.lock, what="the engine's compile cache", wait=False):
+                self.recover()
+        except Refused:
+            pass
+
     def recover(self) -> bool:
         """Under the lock: a journal means the last engine on this cache did not finish,
         so its files cannot be trusted. Set the cache aside (one rename, so a kill here
-        leaves either the old cache with its journal or none), then delete it. True when
-        something was discarded."""
+        leaves either the old cache with its journal or none), then delete it, and make its
+        folders again (an engine host started before the lock was taken already points at
+        them: a ``TMPDIR`` that is gone fails its next temporary file). True when something
+        was discarded."""
         self._delete_set_aside()
         if not self.journal.exists():
             return False
@@ -126,6 +138,11 @@ class CompileCache:
                                hint=f"delete {self.root} and {self.journal.name} beside it "
                                "by hand") from None
         self._delete_set_aside()
+        try:
+            self.variables()  # the folders again, empty
+        except OSError as exc:
+            raise OutputFailed(f"cannot make the compile cache {as_data(str(self.root))} "
+                               f"again: {exc.strerror or exc}") from None
         return True
 
     def _aside(self) -> Path:

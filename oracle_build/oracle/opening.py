@@ -70,9 +70,10 @@ def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
         + (f" (CPU kernel variant {hold.variant}, held)" if hold.inside else ""))
     hosts: list[EngineHost] = []
     if engine_log is not None:
+        caches = CompileCache.of(home, pin.key)
+        caches.recover_before_start()
         engine_host = serve(venv, identity.probe_args(target),
-                            env=engine_env(target, hold, CompileCache.of(home, pin.key)),
-                            log=engine_log)
+                            env=engine_env(target, hold, caches), log=engine_log)
         # every file hashed (not only those whose size or mtime moved: both can be put back)
         # while the host imports vLLM; no engine starts before the hashes agree
         try:
