@@ -7,8 +7,8 @@ empty ``.main.so`` from a linker killed as it opened its output) and every later
 start on the host loads it and fails (``ImportError: ... file too short``), whoever started
 it. So every engine run holds its cache's lock and a journal beside it for as long as it
 runs; the journal goes only when the engine answered ``ok``. A journal found by the next
-run means the last one was killed, crashed, or failed: the cache is set aside and deleted
-before the engine starts, and that start compiles from nothing (about 25 s more here).
+run means the last one was killed, crashed, or failed: the cache is deleted before the
+engine starts, and that start compiles from nothing (about 16 s more here).
 
 The driver receives the folder in ``INSIDE_VARIABLE`` and points the caches' own variables
 below it, unless the caller set them (then the caller owns that cache); ``TMPDIR`` always,
@@ -33,13 +33,11 @@ from oracle_build.core.filelock import held
 from oracle_build.core.log import say
 
 # read by inside/driver.py (it imports nothing from here): the folder the caches go under,
-# and each cache's variable and its folder below it (the driver holds the same table)
+# and each cache's variable and its folder below it (the driver holds the same table, and
+# sets TMPDIR even over the caller's; a test keeps the two tables equal)
 INSIDE_VARIABLE = "ORACLE_BUILD_INSIDE_COMPILE_CACHE"
 VARIABLES = (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("VLLM_CACHE_ROOT", "vllm"),
              ("TRITON_CACHE_DIR", "triton"), ("TMPDIR", "tmp"))
-# set even when the caller set it: torch inductor's precompiled headers (about 150 MB each)
-# go under the temporary folder whatever TORCHINDUCTOR_CACHE_DIR says
-ALWAYS_SET = ("TMPDIR",)
 
 
 @dataclass
@@ -117,12 +115,11 @@ class CompileCache:
 
     def recover(self) -> bool:
         """Under the lock: a journal means the last engine on this cache did not finish,
-        so its files cannot be trusted. Set the cache aside (one rename, so a kill here
-        leaves either the old cache with its journal or none), then delete it, and make its
+        so its files cannot be trusted. Delete the cache, then the journal (a kill in
+        between leaves the journal, and the next run deletes what is left), and make its
         folders again (an engine host started before the lock was taken already points at
         them: a ``TMPDIR`` that is gone fails its next temporary file). True when something
         was discarded."""
-        self._delete_set_aside()
         if not self.journal.exists():
             return False
         say(f"    the last engine run on this compile cache ({self._describe()}) did not "
@@ -130,29 +127,15 @@ class CompileCache:
             f"discarding {self.root} (this start compiles from nothing)")
         try:
             if self.root.exists():
-                os.replace(self.root, self._aside())
+                shutil.rmtree(self.root)
             self.journal.unlink()
+            self.variables()  # the folders again, empty
         except OSError as exc:
             raise OutputFailed(f"cannot discard the compile cache {as_data(str(self.root))}: "
                                f"{exc.strerror or exc}",
                                hint=f"delete {self.root} and {self.journal.name} beside it "
                                "by hand") from None
-        self._delete_set_aside()
-        try:
-            self.variables()  # the folders again, empty
-        except OSError as exc:
-            raise OutputFailed(f"cannot make the compile cache {as_data(str(self.root))} "
-                               f"again: {exc.strerror or exc}") from None
         return True
-
-    def _aside(self) -> Path:
-        return self.root.parent / f".{self.root.name}.discarded-{os.getpid()}"
-
-    def _delete_set_aside(self) -> None:
-        if not self.root.parent.is_dir():
-            return
-        for old in self.root.parent.glob(f".{self.root.name}.discarded-*"):
-            shutil.rmtree(old, ignore_errors=True)
 
     def _describe(self) -> str:
         """The journal's own words (it is the tool's file, but read as data: any text)."""
