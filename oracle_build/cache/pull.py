@@ -32,7 +32,7 @@ from oracle_build.contracts.cache import (
     Statement,
 )
 from oracle_build.contracts.lock import LockEntry
-from oracle_build.contracts.pins import GitSource, Pin
+from oracle_build.contracts.pins import FromSource, Pin
 from oracle_build.core.errors import (
     CacheRefused,
     NotCached,
@@ -172,7 +172,7 @@ def _expected_layers(pin: Pin, target_name: str, manifest: Manifest, config: Ora
     entries = {(e.key, e.version): e for e in (pin.lock_entries or ())}
     src = pin.model.vllm
     built_key = None
-    if isinstance(src, GitSource):
+    if isinstance(src, FromSource):
         built_key = (str(canonicalize_name(src.distribution)),
                      pin.expected_distribution_version(pin.target(target_name)))
     out: list[tuple[Descriptor, LockEntry | None]] = []

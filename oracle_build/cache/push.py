@@ -33,7 +33,7 @@ from oracle_build.contracts.cache import (
     OracleConfig,
     Statement,
 )
-from oracle_build.contracts.pins import GitSource, Pin
+from oracle_build.contracts.pins import ArchiveSource, FromSource, GitSource, Pin
 from oracle_build.contracts.record import BuildRecord, NumericsRecord, load_record
 from oracle_build.core import layout, verdicts
 from oracle_build.core.errors import (
@@ -73,7 +73,7 @@ def _oracle_wheels(pin: Pin, target_name: str, wh: Wheelhouse,
             continue
         out.append(_Blob(path, sha256_file(path), path.stat().st_size, "lock"))
     src = pin.model.vllm
-    if isinstance(src, GitSource):
+    if isinstance(src, FromSource):
         version = pin.expected_distribution_version(pin.target(target_name))
         built = wh.find_built(src.distribution, version)
         if built is None or record.wheel is None:
@@ -109,6 +109,8 @@ def statement(pin: Pin, target_name: str, record: BuildRecord, manifest_digest: 
     src = pin.model.vllm
     if isinstance(src, GitSource):
         dependency = {"uri": f"git+{src.repository}", "digest": {"gitCommit": src.commit}}
+    elif isinstance(src, ArchiveSource):
+        dependency = {"uri": src.url, "digest": {"sha256": src.sha256}}
     else:
         dependency = {"uri": f"pypi:{src.distribution}=={src.version}",
                       "digest": {"sha256": src.sha256}}

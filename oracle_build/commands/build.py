@@ -37,8 +37,10 @@ def register(sub: Subparsers) -> None:
     add_pin_args(b)
     b.add_argument("--mirror", help="git source for vLLM instead of the pin's URL: a local "
                    "mirror/clone folder or a .bundle file (env ORACLE_BUILD_VLLM_MIRROR)")
-    b.add_argument("--externals", help="folder holding a local git mirror of each CMake "
-                   "external, named as in the pin (env ORACLE_BUILD_EXTERNALS)")
+    b.add_argument("--externals", help="folder holding the CMake externals' local sources: a "
+                   "git mirror of each, named as in the pin, or (for an external the pin names "
+                   "by its git tree) any source archive whose files hash to that tree (env "
+                   "ORACLE_BUILD_EXTERNALS)")
     b.add_argument("--checkout", help="a vLLM checkout at the pinned commit to plan from: its "
                    "externals, precompiled switches, build requirements and Rust front end "
                    "are read now (the build reads them again from its own clone)")
@@ -46,6 +48,16 @@ def register(sub: Subparsers) -> None:
                    help="replace the oracle even if one is in place (e.g. after drift)")
     b.add_argument("--dry-run", action="store_true",
                    help="print every step, command and environment variable; run nothing")
+    b.add_argument("--no-compiler-cache", action="store_true",
+                   help="compile every object anew (ccache into a throwaway folder); by "
+                   "default a source build compiles through ccache in <home>/ccache "
+                   "(ORACLE_BUILD_COMPILER_CACHE names a folder homes can share; "
+                   "ORACLE_BUILD_COMPILER_CACHE_SIZE bounds it, default 8G)")
+    b.add_argument("--stop-after", metavar="STEP",
+                   help="run the build up to this step of the plan (its names are printed: "
+                   "source, patches, toolchain, externals, ...) or to 'configure' (the wheel "
+                   "build stopped once CMake has configured), then stop: nothing published, "
+                   "the staging folder removed, the log kept in <home>/logs/")
     b.add_argument("--no-wait", action="store_true",
                    help="if another build of this pin holds the lock, fail instead of waiting")
     add_cache_args(b, required=False)
@@ -63,7 +75,8 @@ def run_build(args: argparse.Namespace) -> int:
     if args.dry_run:
         p = recipe.plan(pin, target, home=home, wheelhouse_root=wheelhouse, mirror=mirror,
                         externals_dir=ext_dir,
-                        checkout=Path(args.checkout).resolve() if args.checkout else None)
+                        checkout=Path(args.checkout).resolve() if args.checkout else None,
+                        compiler_cache=not args.no_compiler_cache, stop_after=args.stop_after)
         if args.json:
             print(json.dumps(p.as_dict(), indent=2))
         else:
@@ -78,7 +91,13 @@ def run_build(args: argparse.Namespace) -> int:
                                   mirror=mirror, externals_dir=ext_dir,
                                   checkout=Path(args.checkout).resolve() if args.checkout else None,
                                   rebuild=args.rebuild,
-                                  wait=not args.no_wait, fill_wheelhouse=fill)
+                                  wait=not args.no_wait, fill_wheelhouse=fill,
+                                  compiler_cache=not args.no_compiler_cache,
+                                  stop_after=args.stop_after)
+    if outcome.identity is None:
+        say(f"stopped after {outcome.stopped} in {outcome.seconds:.1f}s, as asked (no oracle "
+            "published)")
+        return EXIT_OK
     print_identity(outcome.identity, args.json)
     if not outcome.built:
         say(f"identity re-checked in {outcome.seconds:.1f}s (nothing rebuilt)")

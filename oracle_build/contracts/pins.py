@@ -30,10 +30,11 @@ from oracle_build.contracts.base import (
     Strict,
     control_characters,
     dist_name,
+    safe_name,
 )
 from oracle_build.contracts.lock import LockEntry, parse_lock
 from oracle_build.core.errors import BadInput, Unestablished
-from oracle_build.core.files import load_toml, read_text, sha256_bytes, validate
+from oracle_build.core.files import load_toml, read_bytes, read_text, sha256_bytes, validate
 
 PIN_SCHEMA = 1
 
@@ -86,14 +87,23 @@ class UnestablishedValue(Strict):
     reason: str = Field(min_length=10)
 
 
-class GitSource(Strict):
-    kind: Literal["git"]
-    repository: GitUrl
-    commit: FullSha
+class FromSource(Strict):
+    """What every vLLM built here from its source has: the versions it must report."""
+
     runtime_version: ExactVersion
     distribution: DistName = "vllm"
     distribution_version: ExactVersion | None = None
     note: str | None = None
+
+    @property
+    def expected_distribution_version(self) -> str:
+        return self.distribution_version or self.runtime_version
+
+
+class GitSource(FromSource):
+    kind: Literal["git"]
+    repository: GitUrl
+    commit: FullSha
 
     @model_validator(mode="after")
     def _version_names_commit(self) -> GitSource:
@@ -110,9 +120,51 @@ class GitSource(Strict):
             )
         return self
 
-    @property
-    def expected_distribution_version(self) -> str:
-        return self.distribution_version or self.runtime_version
+
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.xz", ".tar.bz2")
+COMMIT_ID = re.compile(r"^[0-9a-f]{7,40}$")
+
+
+def _archive_name(value: str) -> str:
+    safe_name(value)
+    if not value.endswith(ARCHIVE_SUFFIXES):
+        raise ValueError(f"{value!r} is not a source archive this tool unpacks "
+                         f"({', '.join(ARCHIVE_SUFFIXES)})")
+    return value
+
+
+def _archive_url(value: str) -> str:
+    parsed = urlparse(value)
+    if parsed.scheme not in ("https", "http", "file") or any(
+            ch in value for ch in "\n\r\0 "):
+        raise ValueError(f"{value!r}: a source archive is fetched by an https://, http:// or "
+                         "file:// URL")
+    return value
+
+
+class ArchiveSource(FromSource):
+    """A release archive (vLLM's sdist): taken by sha256 from a URL into the wheelhouse,
+    unpacked into the build's staging folder. The commit it was made from is what its
+    vllm/_version.py records (``commit_id``, abbreviated as setuptools-scm writes it); the
+    full commit where vLLM's public record establishes it."""
+
+    kind: Literal["archive"]
+    url: Annotated[str, AfterValidator(_archive_url)]
+    filename: Annotated[str, AfterValidator(_archive_name)]
+    sha256: Sha256
+    size: int | None = Field(default=None, ge=1, le=2**34)
+    commit_id: Annotated[str, Field(pattern=COMMIT_ID.pattern)]
+    commit: FullSha | UnestablishedValue
+
+    @model_validator(mode="after")
+    def _commit_names_id(self) -> ArchiveSource:
+        if isinstance(self.commit, str) and not self.commit.startswith(self.commit_id):
+            raise ValueError(f"commit {self.commit} does not start with commit_id "
+                             f"{self.commit_id}")
+        if Path(urlparse(self.url).path).name != self.filename:
+            raise ValueError(f"url names {Path(urlparse(self.url).path).name!r}, filename "
+                             f"says {self.filename!r}")
+        return self
 
 
 class WheelSource(Strict):
@@ -140,6 +192,10 @@ class Torch(Strict):
 
 class Build(Strict):
     env: dict[str, str] = Field(default_factory=dict)
+    # the C and C++ compilers (a name on PATH or an absolute path); unset: the host's `cc`
+    # and `c++`, as CMake finds them. Either way the build record holds what ran.
+    cc: Annotated[str, Field(pattern=r"^[A-Za-z0-9_./+-]+$")] | None = None
+    cxx: Annotated[str, Field(pattern=r"^[A-Za-z0-9_./+-]+$")] | None = None
     cmake_args: list[str] = Field(default_factory=list)
     # Read after pyproject.toml's [build-system] requires (PEP 518, always first): this file
     # of the checkout, or with "auto" (or when the tree has no such file) the one the tree
@@ -274,10 +330,17 @@ class External(Strict):
 
     name: SafeName  # becomes the folder its clone is put in: no separators, no ".."
     repository: GitUrl
-    # the CMake variable naming the local copy; only a *_SRC_DIR name, so no pin reaches any
-    # other variable of the build's environment through it (VLLM_USE_PRECOMPILED, PATH)
-    src_dir_var: Annotated[str, Field(pattern=r"^[A-Z][A-Z0-9_]*_SRC_DIR$")]
+    # the CMake variable naming the local copy; only a *_SRC_DIR name or CMake's own
+    # FETCHCONTENT_SOURCE_DIR_<NAME>, so no pin reaches any other variable of the build's
+    # environment through it (VLLM_USE_PRECOMPILED, PATH)
+    src_dir_var: Annotated[str, Field(
+        pattern=r"^([A-Z][A-Z0-9_]*_SRC_DIR|FETCHCONTENT_SOURCE_DIR_[A-Z0-9_]+)$")]
     commit: FullSha | UnestablishedValue
+    # the git tree of its files at that commit (what `git rev-parse <commit>^{tree}` says,
+    # and what git would hash an unpacked archive of them to): any local source whose
+    # files hash to it is this external, a mirror or an archive alike, as Nix names a
+    # source by the hash of its unpacked content
+    tree: FullSha | None = None
     # the GIT_TAG the checkout's cmake declares when it names a tag (v4.7.1), not a commit;
     # commit is then that tag resolved in a mirror, and the build checks both
     tag: str | None = None
@@ -290,8 +353,58 @@ class External(Strict):
     def established(self) -> bool:
         return isinstance(self.commit, str)
 
+    @property
+    def folder(self) -> str:
+        """Its folder under the build's externals/: the name in lower case, as CMake's
+        FetchContent names its own folders."""
+        return self.name.lower()
+
     def fetched_by(self, device: str) -> bool:
         return self.devices is None or device in self.devices
+
+
+WHEN = re.compile(r"^(cc|cxx) (<|<=|>|>=|==|!=) (\d+(?:\.\d+){0,2})$")
+
+
+def _when(value: str) -> str:
+    if not WHEN.match(value):
+        raise ValueError(f"{value!r}: a patch's condition is on the compiler's version, like "
+                         "'cxx < 12.3' (cc or cxx, then <, <=, >, >=, == or !=, then a "
+                         "version)")
+    return value
+
+
+def _relative_file(value: str) -> str:
+    """A file named relative to the pin's folder that stays inside it."""
+    parts = value.split("/")
+    if (not value or value.startswith("/") or any(part in ("", ".", "..") for part in parts)
+            or not all(SAFE_NAME_PART.match(part) for part in parts)):
+        raise ValueError(f"{value!r} must be a relative path inside the pin's folder "
+                         "(no '..', no absolute path, plain names)")
+    return value
+
+
+SAFE_NAME_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
+
+
+class Patch(Strict):
+    """A change to the source before configure, recorded as a file of the pin's (Spack's
+    ``patch()``, conda-forge's ``source.patches``): its sha256 is checked, it applies in the
+    pin's order to the staging copy only, and where ``when`` says so (the compiler's
+    version) or for the targets named."""
+
+    file: Annotated[str, AfterValidator(_relative_file)]
+    sha256: Sha256
+    reason: str = Field(min_length=10)
+    targets: list[SafeName] | None = None
+    when: Annotated[str, AfterValidator(_when)] | None = None
+
+    def condition(self) -> tuple[str, str, str] | None:
+        if self.when is None:
+            return None
+        m = WHEN.match(self.when)
+        assert m is not None
+        return m.group(1), m.group(2), m.group(3)
 
 
 class PinModel(Strict):
@@ -299,7 +412,7 @@ class PinModel(Strict):
     id: SafeName
     description: str = ""
     python: str
-    vllm: GitSource | WheelSource = Field(discriminator="kind")
+    vllm: GitSource | ArchiveSource | WheelSource = Field(discriminator="kind")
     torch: Torch | None = None
     packages: dict[str, ExactVersion] = Field(default_factory=dict)
     lock: str | UnestablishedValue
@@ -307,6 +420,7 @@ class PinModel(Strict):
     lock_exclude_reason: str | None = None
     build: Build = Field(default_factory=Build)
     externals: list[External] = Field(default_factory=list)
+    patches: list[Patch] = Field(default_factory=list)
     targets: dict[SafeName, Target]
 
     @model_validator(mode="after")
@@ -321,6 +435,14 @@ class PinModel(Strict):
             dist_name(name)
         if not self.targets:
             raise ValueError("a pin needs at least one target")
+        if self.patches and isinstance(self.vllm, WheelSource):
+            raise ValueError("patches change a source before it is built; this pin installs "
+                             "a wheel")
+        for i, patch in enumerate(self.patches):
+            unknown = sorted(set(patch.targets or []) - set(self.targets))
+            if unknown:
+                raise ValueError(f"patches[{i}].targets names {unknown}, which this pin does "
+                                 "not have")
         for device in DEVICES:
             names = [e.name for e in self.externals if e.fetched_by(device)]
             twice = sorted({n for n in names if names.count(n) > 1})
@@ -353,6 +475,22 @@ class Pin:
         if isinstance(self.model.lock, str):
             return (self.path.parent / self.model.lock).resolve()
         return None
+
+    @property
+    def from_source(self) -> FromSource | None:
+        """The vLLM source when this pin builds vLLM (a git commit, a release archive)."""
+        src = self.model.vllm
+        return src if isinstance(src, FromSource) else None
+
+    def patch_path(self, patch: Patch) -> Path:
+        """A patch's file: inside the pin's folder (checked when the pin was loaded)."""
+        return self.path.parent / patch.file
+
+    def patches_for(self, target_name: str) -> list[Patch]:
+        """The patches a build for this target considers, in the pin's order (each
+        patch's ``when`` is decided against the compiler by the build)."""
+        return [p for p in self.model.patches
+                if p.targets is None or target_name in p.targets]
 
     def target(self, name: str) -> Target:
         try:
@@ -394,7 +532,7 @@ class Pin:
 
     def expected_runtime_version(self) -> str:
         src = self.model.vllm
-        return src.runtime_version if isinstance(src, GitSource) else src.expected_runtime_version
+        return src.runtime_version if isinstance(src, FromSource) else src.expected_runtime_version
 
     def require_lock(self) -> tuple[LockEntry, ...]:
         if self.lock_entries is None:
@@ -445,6 +583,31 @@ def _check_lock_against_pin(model: PinModel, path: Path, lock: Path,
         raise BadInput(path, problems)
 
 
+def _check_patches(model: PinModel, path: Path) -> None:
+    """Every patch file is a regular file inside the pin's folder (symlinks resolved) and
+    has the sha256 the pin records: checked before anything reads it for a build."""
+    folder = path.parent.resolve()
+    problems: list[tuple[str, str]] = []
+    for i, patch in enumerate(model.patches):
+        where = folder / patch.file
+        real = where.resolve()
+        if not real.is_relative_to(folder):
+            problems.append((f"patches[{i}].file", "resolves outside the pin's folder"))
+            continue
+        if not real.is_file():
+            problems.append((f"patches[{i}].file", "is not a regular file next to the pin"))
+            continue
+        try:
+            digest = sha256_bytes(read_bytes(real))
+        except (OSError, BadInput):
+            problems.append((f"patches[{i}].file", "cannot be read"))
+            continue
+        if digest != patch.sha256:
+            problems.append((f"patches[{i}].sha256", f"the file's sha256 is {digest}"))
+    if problems:
+        raise BadInput(path, problems)
+
+
 def hashed_form(model: PinModel) -> dict[str, Any]:
     """What the content hash covers: the whole pin, defaults included, except optional
     fields added after schema 1 while they are unset, so a pin that does not use them keeps
@@ -452,8 +615,13 @@ def hashed_form(model: PinModel) -> dict[str, Any]:
     data: dict[str, Any] = model.model_dump(mode="json", by_alias=True)
     if data["build"].get("rust_frontend") is None:
         data["build"].pop("rust_frontend", None)
+    for name in ("cc", "cxx"):
+        if data["build"].get(name) is None:
+            data["build"].pop(name, None)
+    if not data.get("patches"):
+        data.pop("patches", None)
     for ext in data["externals"]:
-        for name in ("tag", "devices"):
+        for name in ("tag", "devices", "tree"):
             if ext.get(name) is None:
                 ext.pop(name, None)
     flat_fields = set(FLAT_TARGET_DEFAULTS) | {"device", "machine"}
@@ -482,6 +650,7 @@ def load_pin(path: Path, *, check_lock: bool = True) -> Pin:
         entries = parse_lock(lock_path)
         _check_lock_against_pin(model, path, lock_path, entries)
         lock_digest = sha256_bytes(read_text(lock_path).encode())
+    _check_patches(model, path)
     canonical = json.dumps(hashed_form(model), sort_keys=True)
     content_hash = sha256_bytes((canonical + "\n" + lock_digest).encode())
     return Pin(model, path.resolve(), tuple(entries) if entries else None, content_hash)

@@ -64,6 +64,65 @@ class WheelFacts(Strict):
     commit_id: str | None = None
 
 
+class CompilerFacts(Strict):
+    role: str
+    asked: str
+    path: str | None
+    real_path: str | None
+    version: str | None
+    identity: str | None
+
+
+class ToolchainFacts(Strict):
+    """The toolchain a from-source build ran: part of the recipe, so part of the record."""
+
+    compilers: dict[str, CompilerFacts]
+    cmake: str | None = None
+    ninja: str | None = None
+    # what the compile's command lines take from the build: CMAKE_ARGS, CMAKE_BUILD_TYPE,
+    # MAX_JOBS, SOURCE_DATE_EPOCH, the launcher, the flags variables
+    flags: dict[str, str] = Field(default_factory=dict)
+    # the floors the (patched) source's CMake sets, each with where it is
+    floors: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class PatchFacts(Strict):
+    file: str
+    sha256: Sha256
+    reason: str
+    when: str | None
+    applied: bool
+    why: str  # why it applied or not (the compiler's version against `when`)
+
+
+class ArchiveFacts(Strict):
+    """The release archive a source build unpacked."""
+
+    url: str
+    filename: str
+    sha256: Sha256
+    origin: str  # "present" (already in the wheelhouse) or the URL it came from
+    commit_id: str | None  # what its vllm/_version.py records
+
+
+class ExternalFacts(Strict):
+    """An external named by its git tree: where its files came from."""
+
+    tree: str
+    commit: str | None
+    origin: str  # the mirror or the archive whose files hash to the tree
+    kind: Literal["mirror", "archive"]
+
+
+class CompilerCacheFacts(Strict):
+    described: str
+    folder: str | None
+    cold: bool
+    hits: int | None = None
+    misses: int | None = None
+    other: dict[str, int] = Field(default_factory=dict)
+
+
 class BuildFacts(BaseModel):
     """What the steps of one build gather, step by step (assigned as they run)."""
 
@@ -78,6 +137,11 @@ class BuildFacts(BaseModel):
     build_requirement_sources: list[str] | None = None
     wheel: WheelFacts | None = None
     compiled_arches: dict[str, Any] | None = None  # per device (devices/*.check_wheel)
+    archive: ArchiveFacts | None = None
+    patches: list[PatchFacts] | None = None
+    toolchain: ToolchainFacts | None = None
+    externals_by_tree: dict[str, ExternalFacts] | None = None
+    compiler_cache: CompilerCacheFacts | None = None
 
 
 class ToolFacts(Strict):
@@ -138,6 +202,12 @@ class BuildRecord(Strict):
     # (those inside are the manifest's): identity compares the next process's with these
     libraries: dict[str, Sha256]
     content_fingerprint: Sha256
+    # a from-source build's recipe as it ran (absent in records written before them)
+    archive: ArchiveFacts | None = None
+    patches: list[PatchFacts] | None = None
+    toolchain: ToolchainFacts | None = None
+    externals_by_tree: dict[str, ExternalFacts] | None = None
+    compiler_cache: CompilerCacheFacts | None = None
     manifest: ManifestSummary
 
 

@@ -13,6 +13,9 @@ formats. Every path the tool writes is spelled here, once.
     <home>/locks/                             advisory locks (the engine lock: see engine_lock)
     <home>/compile-cache/<pin key>/           the engine's compile caches (torch inductor,
                                               vLLM, Triton; ORACLE_BUILD_COMPILE_CACHE)
+    <home>/ccache/                            the compiler cache of source builds (ccache;
+                                              ORACLE_BUILD_COMPILER_CACHE names another)
+    <home>/timings/<pin key>.json             how long each build step took here last time
     <home>/captures/<stamp>/, <home>/explain/ default outputs
 """
 
@@ -74,6 +77,12 @@ def beside_record(venv: Path, name: str) -> Path:
 
 def staging_dir(home: Path, pin_key: str) -> Path:
     return home / "staging" / f"{pin_key}.{stamp()}-{os.getpid()}"
+
+
+def timings_path(home: Path, pin_key: str) -> Path:
+    """Each build step's duration the last time it ran to its end on this host (the plan
+    says it beside the step)."""
+    return home / "timings" / f"{pin_key}.json"
 
 
 def uv_cache_dir(staging: Path) -> Path:

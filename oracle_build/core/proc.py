@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
+import signal
 import subprocess
 import threading
 import time
@@ -24,6 +26,8 @@ from oracle_build.core.log import fmt_seconds, say
 
 TAIL_LINES = 40
 HEARTBEAT_SECONDS = 30.0
+# a build tool's progress line: ninja's "[n/N] ..." (also inside pip's indented echo)
+PROGRESS = re.compile(r"^\s*\[(\d+)/(\d+)\]\s")
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,7 @@ class Result:
     returncode: int
     output: str  # stdout+stderr, interleaved (only kept when capture=True)
     seconds: float
+    stopped: bool = False  # ended at its ``stop_at`` line, as asked
 
     @property
     def ok(self) -> bool:
@@ -61,8 +66,15 @@ class Live:
     def __init__(self, argv: Sequence[str | os.PathLike[str]], *, log: Path | None = None,
                  env: Mapping[str, str] | None = None, cwd: Path | None = None,
                  capture: bool = False, echo: bool = True, what: str | None = None,
-                 hint: str | None = None, stdin: bool = False) -> None:
+                 hint: str | None = None, stdin: bool = False,
+                 stop_at: str | None = None) -> None:
         self.args = [os.fspath(a) for a in argv]
+        # a line matching ``stop_at`` ends the command (its whole process group) there: the
+        # real command, stopped at a point of its own output (CMake's "Build files have
+        # been written"), not a copy of its first half
+        self.stop_at = re.compile(stop_at) if stop_at else None
+        self.stopped = False
+        self.progress: tuple[int, int] | None = None
         if not self.args or not all(isinstance(a, str) for a in self.args):
             raise TypeError("run() takes a non-empty argument list")
         self.cmdline = shlex.join(self.args)
@@ -88,7 +100,8 @@ class Live:
                 self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 env=dict(env) if env is not None else None, cwd=cwd, text=True,
-                encoding="utf-8", errors="replace", bufsize=1)
+                encoding="utf-8", errors="replace", bufsize=1,
+                start_new_session=self.stop_at is not None)
         except FileNotFoundError as exc:
             if self._logf:
                 self._logf.close()
@@ -108,12 +121,23 @@ class Live:
             if self._logf:
                 self._logf.write(line)
                 self._logf.flush()
+            m = PROGRESS.match(line)
+            if m:
+                self.progress = (int(m.group(1)), int(m.group(2)))
+            if self.stop_at is not None and not self.stopped and self.stop_at.search(line):
+                self.stopped = True
+                self._kill_group(signal.SIGTERM)
+
+    def _kill_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
 
     def _heartbeat(self) -> None:
         while not self._done.wait(HEARTBEAT_SECONDS):
             last = self.tail[-1].strip()[:120] if self.tail else ""
+            where = f"[{self.progress[0]}/{self.progress[1]}] " if self.progress else ""
             say(f"    ... {self.label} running "
-                f"{fmt_seconds(time.monotonic() - self.start)}: {last}")
+                f"{fmt_seconds(time.monotonic() - self.start)}: {where}{last}")
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -134,6 +158,8 @@ class Live:
             self.proc.wait(timeout=timeout)
             self._reader.join()
         except BaseException:
+            if self.stop_at is not None:  # its own session: nothing else ends its children
+                self._kill_group(signal.SIGKILL)
             self.proc.kill()
             self.proc.wait()
             raise
@@ -147,8 +173,11 @@ class Live:
                                  f"{time.monotonic() - self.start:.1f}s\n")
                 self._logf.close()
         seconds = time.monotonic() - self.start
-        result = Result(self.args, self.proc.returncode, "".join(self._kept), seconds)
-        if check and self.proc.returncode != 0:
+        if self.stopped:  # what is left of its group goes with it
+            self._kill_group(signal.SIGKILL)
+        result = Result(self.args, self.proc.returncode, "".join(self._kept), seconds,
+                        stopped=self.stopped)
+        if check and self.proc.returncode != 0 and not self.stopped:
             shown = "".join(self.tail).rstrip()
             where = f"\n  full log: {self.log}" if self.log else ""
             failed = BuildFailed(
@@ -219,6 +248,7 @@ class Cmd:
     cwd: str | None = None
     what: str = ""
     when: str | None = None  # runs only under this condition (said in the plan)
+    stop_at: str | None = None  # a regex: the command is ended at its first matching line
 
     def environment(self) -> dict[str, str]:
         env = build_env()
@@ -234,15 +264,18 @@ class Cmd:
         if self.cwd:
             lines.append(f"      (cd {self.cwd})")
         lines.append("      $ " + shlex.join(self.argv))
+        if self.stop_at:
+            lines.append(f"      (stopped at the first line matching {self.stop_at!r})")
         return lines
 
     def as_dict(self) -> dict[str, object]:
         return {"argv": self.argv, "env": self.env, "unset": list(self.unset),
-                "cwd": self.cwd, "when": self.when}
+                "cwd": self.cwd, "when": self.when, "stop_at": self.stop_at}
 
 
 def run_cmd(cmd: Cmd, *, log: Path | None = None, capture: bool = False, check: bool = True,
             echo: bool = True, hint: str | None = None) -> Result:
-    return run(cmd.argv, env=cmd.environment(), cwd=Path(cmd.cwd) if cmd.cwd else None,
-               log=log, capture=capture, check=check, echo=echo, what=cmd.what or None,
-               hint=hint)
+    live = Live(cmd.argv, env=cmd.environment(), cwd=Path(cmd.cwd) if cmd.cwd else None,
+                log=log, capture=capture, echo=echo, what=cmd.what or None, hint=hint,
+                stop_at=cmd.stop_at)
+    return live.finish(check=check)

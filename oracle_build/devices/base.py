@@ -65,6 +65,12 @@ class Device:
     VERSION_HINTS: ClassVar[tuple[tuple[re.Pattern[str], str], ...]] = ()
     # the toolchain and driver the plan's preflight step checks, as the plan says it
     PREFLIGHT_ABOUT: ClassVar[str] = ""
+    # the CMake languages whose compiler a source build runs through the compiler cache
+    # (CMAKE_<LANG>_COMPILER_LAUNCHER): nvcc and hipcc too, on their devices
+    LAUNCHER_LANGS: ClassVar[tuple[str, ...]] = ("C", "CXX")
+    # the build variables of this device the compile's command lines depend on (recorded
+    # with the toolchain)
+    BUILD_FLAG_VARS: ClassVar[tuple[str, ...]] = ("VLLM_TARGET_DEVICE",)
 
     def build_env(self, target: Target, env: dict[str, str]) -> None:
         """Add to the wheel build's environment (the pin's and the target's build_env

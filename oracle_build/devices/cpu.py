@@ -9,15 +9,18 @@ from free host memory: 21 GiB of 24 seen)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from oracle_build.core.env import CPU_NUMERICS
-from oracle_build.core.errors import PreflightFailed
+from oracle_build.core.errors import BuildFailed, PreflightFailed
 from oracle_build.devices.base import Device, Hold, Mismatch
 
 if TYPE_CHECKING:
     from oracle_build.contracts.pins import Target
+    from oracle_build.recipe.plan import Plan
 
 # The pin's word for "whatever this host's CPU calls for" (today's behaviour before holding).
 NATIVE = "native"
@@ -146,10 +149,48 @@ def variant_mismatches(held: Hold, kernels: dict[str, Any]) -> list[Mismatch]:
     return bad
 
 
+# The kernel libraries a from-source x86_64 CPU build of vLLM compiles, one per ISA
+# (cmake/cpu_extension.cmake: AVX-512 BF16/AMX, AVX-512, AVX2): CpuPlatform.import_kernels
+# maps one of them, so a wheel without all three runs on some hosts and not on others.
+X86_KERNEL_LIBRARIES = ("_C", "_C_AVX512", "_C_AVX2")
+
+
+def kernel_libraries(names: list[str]) -> list[str]:
+    """The vllm/_C*.so libraries among a wheel's files, by module name."""
+    out = []
+    for name in names:
+        m = re.fullmatch(r"vllm/(_C(?:_[A-Z0-9]+)?)\.(?:abi3|cpython-[^/]*)\.so", name)
+        if m:
+            out.append(m.group(1))
+    return sorted(out)
+
+
 class Cpu(Device):
     NAME = "cpu"
     PROBE_DEVICE = "cpu"
     BY_CPU_VARIANT = True
+
+    def build_env(self, target: Target, env: dict[str, str]) -> None:
+        env["VLLM_TARGET_DEVICE"] = "cpu"
+
+    def wheel_check_about(self, target: Target) -> str:
+        if target.kernel_check != "rms_norm" or target.machine != "x86_64":
+            return ""
+        return ("; it holds the three x86 kernel libraries (" + ", ".join(
+            f"vllm/{n}" for n in X86_KERNEL_LIBRARIES) + ")")
+
+    def check_wheel(self, plan: Plan, libraries: list[Path],
+                    root: Path) -> dict[str, Any] | None:
+        names = kernel_libraries([str(p.relative_to(root)) for p in libraries])
+        target = plan.target
+        if target.kernel_check == "rms_norm" and target.machine == "x86_64":
+            missing = [n for n in X86_KERNEL_LIBRARIES if n not in names]
+            if missing:
+                raise BuildFailed(f"the wheel lacks the kernel libraries {missing} (it has "
+                                  f"{names}): CpuPlatform maps one per host ISA",
+                                  hint="read the configure lines 'CPU extension (...) compile "
+                                  "flags' in the build log")
+        return {"kernel_libraries": names}
 
     def hold(self, target: Target, asked: str | None, flags: frozenset[str],
              host_variant: str | None) -> Hold:

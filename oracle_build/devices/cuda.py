@@ -84,6 +84,8 @@ class Cuda(Device):
          "after review"),
     )
     PREFLIGHT_ABOUT = "nvcc and driver"
+    LAUNCHER_LANGS = ("C", "CXX", "CUDA")
+    BUILD_FLAG_VARS = ("VLLM_TARGET_DEVICE", "TORCH_CUDA_ARCH_LIST", "NVCC_THREADS", "CUDA_HOME")
 
     def build_env(self, target: Target, env: dict[str, str]) -> None:
         env["TORCH_CUDA_ARCH_LIST"] = _cuda(target).torch_cuda_arch_list

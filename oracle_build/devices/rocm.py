@@ -214,6 +214,8 @@ class Rocm(Device):
          "ROCm is not the one the target's dist_version_suffix names"),
     )
     PREFLIGHT_ABOUT = "hipcc, its HIP version and the amdgpu driver"
+    LAUNCHER_LANGS = ("C", "CXX", "HIP")
+    BUILD_FLAG_VARS = ("VLLM_TARGET_DEVICE", "PYTORCH_ROCM_ARCH", "ROCM_HOME")
 
     def build_env(self, target: Target, env: dict[str, str]) -> None:
         t = _rocm(target)

@@ -37,19 +37,23 @@ def record_schema(oracle: OracleVenv) -> int:
 
 @dataclass
 class BuildOutcome:
-    identity: identity.Identity
+    identity: identity.Identity | None  # None when the build stopped as asked
     built: bool
     seconds: float
+    stopped: str | None = None  # the step (or point) it stopped after (--stop-after)
 
 
 def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                  mirror: str | None = None, externals_dir: Path | None = None,
                  checkout: Path | None = None, rebuild: bool = False,
                  wait: bool = True,
-                 fill_wheelhouse: Callable[[], None] | None = None) -> BuildOutcome:
+                 fill_wheelhouse: Callable[[], None] | None = None,
+                 compiler_cache: bool = True, stop_after: str | None = None) -> BuildOutcome:
     """The pin's oracle for this target: re-checked if in place, else built and published.
     ``fill_wheelhouse``: called under the build lock before a build is planned (the oracle
-    cache's pull), so the plan takes what it put there."""
+    cache's pull), so the plan takes what it put there. ``compiler_cache``: False compiles
+    every object anew. ``stop_after``: run the plan up to that step (or "configure") and
+    publish nothing, whatever is in place."""
     start = time.monotonic()
     oracle = OracleVenv(layout.oracle_path(home, pin.key))
     target = pin.target(target_name)
@@ -67,7 +71,7 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
             say(f"{oracle.path} was built by an earlier oracle-build (build record schema "
                 f"{record_schema(oracle)}: its identity covers less than this one checks): "
                 f"moved to {aside}; building it again, from the wheelhouse where it can")
-        if oracle.exists() and not rebuild:
+        if oracle.exists() and not rebuild and stop_after is None:
             say(f"oracle already at {oracle.path}; re-checking its identity (every file "
                 "hashed)")
             ident = identity.check(pin, target, oracle.path, deep=True)
@@ -80,8 +84,11 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
         if fill_wheelhouse is not None:
             fill_wheelhouse()
         p = plan(pin, target_name, home=home, wheelhouse_root=wheelhouse_root, mirror=mirror,
-                 externals_dir=externals_dir, checkout=checkout)
+                 externals_dir=externals_dir, checkout=checkout,
+                 compiler_cache=compiler_cache, stop_after=stop_after)
         say(p.render())
-        ident = run(p)
+        made = run(p)
+        if made is None:
+            return BuildOutcome(None, False, time.monotonic() - start, stopped=stop_after)
         say(f"built in {fmt_seconds(time.monotonic() - start)}; record: {oracle.record_path}")
-        return BuildOutcome(ident, True, time.monotonic() - start)
+        return BuildOutcome(made, True, time.monotonic() - start)

@@ -9,7 +9,7 @@ environment variable it honours instead, and the file:line that declares it."""
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -238,26 +238,82 @@ def _src_dir_var(lines: list[str], line: int) -> str | None:
 class _Frame:
     seen_true: Tri  # whether an earlier branch of this if() was taken
     current: Tri  # whether the branch being walked is taken
+    args: list[str] = field(default_factory=list)  # the condition of the branch walked
+
+
+@dataclass(frozen=True)
+class Floor:
+    """A compiler version below which the tree's own CMake stops configure (an if() on
+    CMAKE_<LANG>_COMPILER_VERSION around a message(FATAL_ERROR))."""
+
+    lang: str  # "cxx" or "cc"
+    version: str
+    compiler_id: str | None  # the CMAKE_<LANG>_COMPILER_ID the same condition names
+    source: str  # file:line of the FATAL_ERROR
+    message: str
+
+
+_VERSION_VAR = {"CMAKE_CXX_COMPILER_VERSION": "cxx", "CMAKE_C_COMPILER_VERSION": "cc"}
+
+
+def _floor(frames: list[_Frame], cmd: Command, checkout: Path, scope: Scope) -> Floor | None:
+    for frame in reversed(frames):
+        args = [_unquote(a) for a in frame.args]
+        for i, tok in enumerate(args[:-2]):
+            lang = _VERSION_VAR.get(tok)
+            op = args[i + 1]
+            if lang is None or op not in ("VERSION_GREATER_EQUAL", "VERSION_LESS"):
+                continue
+            negated = "NOT" in args[:i]
+            if (op == "VERSION_GREATER_EQUAL") != negated:
+                continue  # not a floor: the error is for versions at or above it
+            version = scope.expand(args[i + 2]) or args[i + 2]
+            if not re.fullmatch(r"\d+(\.\d+)*", version):
+                continue
+            cid = None
+            id_var = "CMAKE_CXX_COMPILER_ID" if lang == "cxx" else "CMAKE_C_COMPILER_ID"
+            if id_var in args:
+                j = args.index(id_var)
+                if j + 2 < len(args) and args[j + 1] == "STREQUAL":
+                    cid = args[j + 2]
+            text = " ".join(_unquote(a) for a in cmd.args[1:])
+            return Floor(lang, version, cid, f"{cmd.file.relative_to(checkout)}:{cmd.line}",
+                         text)
+    return None
+
+
+@dataclass
+class Scan:
+    externals: list[Declared]
+    floors: list[Floor]
 
 
 def scan_externals(checkout: Path, *, device: str,
                    machine: str = "x86_64") -> list[Declared]:
     """Every external a build of ``device`` on ``machine`` fetches, in configure order."""
+    return scan(checkout, device=device, machine=machine).externals
+
+
+def scan(checkout: Path, *, device: str, machine: str = "x86_64") -> Scan:
+    """What a configure of ``device`` on ``machine`` fetches, and the compiler floors it
+    stops below."""
     checkout = checkout.resolve()
     top = checkout / "CMakeLists.txt"
     if not checkout.is_dir():
         raise BadInput(checkout, "not a folder: expected a vLLM checkout")
     if not top.is_file():
-        return []  # no CMake build: nothing fetched at configure time
+        return Scan([], [])  # no CMake build: nothing fetched at configure time
     scope = Scope({**devices.cmake_known(device, machine),
                    "CMAKE_SOURCE_DIR": str(checkout.resolve())})
     found: dict[str, Declared] = {}
-    _walk(top.resolve(), checkout, scope, found, certain=True)
-    return list(found.values())
+    floors: list[Floor] = []
+    _walk(top.resolve(), checkout, scope, found, certain=True, floors=floors)
+    return Scan(list(found.values()), floors)
 
 
 def _walk(path: Path, checkout: Path, scope: Scope, found: dict[str, Declared], *,
-          certain: bool, within: tuple[Path, ...] = ()) -> bool:
+          certain: bool, within: tuple[Path, ...] = (),
+          floors: list[Floor] | None = None) -> bool:
     """Walk one file; False when a return() certainly ended it. ``within``: the files whose
     include() led here (an include cycle is bad input, as CMake itself refuses it)."""
     if path in within:
@@ -290,7 +346,7 @@ def _walk(path: Path, checkout: Path, scope: Scope, found: dict[str, Declared], 
             continue
         if cmd.name == "if":
             taken = scope.condition(cmd.args) if active() is not False else False
-            stack.append(_Frame(seen_true=taken, current=taken))
+            stack.append(_Frame(seen_true=taken, current=taken, args=list(cmd.args)))
             continue
         if cmd.name in ("elseif", "else") and stack:
             frame = stack[-1]
@@ -301,6 +357,7 @@ def _walk(path: Path, checkout: Path, scope: Scope, found: dict[str, Declared], 
                 frame.current = None if cond is not False else False
             else:
                 frame.current = cond
+            frame.args = list(cmd.args) if cmd.name == "elseif" else []
             if frame.current is True:
                 frame.seen_true = True
             elif frame.current is None and frame.seen_true is False:
@@ -332,7 +389,7 @@ def _walk(path: Path, checkout: Path, scope: Scope, found: dict[str, Declared], 
             inc = inc.resolve()
             if inc.suffix == ".cmake" and inc.is_file() and checkout.resolve() in inc.parents:
                 ended = not _walk(inc, checkout, scope, found, certain=here_certain,
-                                  within=within)
+                                  within=within, floors=floors)
                 scope.vars["CMAKE_CURRENT_LIST_DIR"] = str(path.parent)
                 if ended and state is True:
                     return False
@@ -340,6 +397,11 @@ def _walk(path: Path, checkout: Path, scope: Scope, found: dict[str, Declared], 
             return False
         elif cmd.name in ("fetchcontent_declare", "fetchcontent_populate") and cmd.args:
             _declared(cmd, scope, lines, checkout, found)
+        elif (cmd.name == "message" and cmd.args and cmd.args[0] == "FATAL_ERROR"
+              and floors is not None):
+            floor = _floor(stack, cmd, checkout, scope)
+            if floor is not None and floor not in floors:
+                floors.append(floor)
     return True
 
 

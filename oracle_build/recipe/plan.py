@@ -16,13 +16,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from oracle_build import devices
-from oracle_build.contracts.pins import GitSource, Pin, Target, WheelSource
+from oracle_build.contracts.pins import (
+    ArchiveSource,
+    FromSource,
+    GitSource,
+    Pin,
+    Target,
+    WheelSource,
+)
 from oracle_build.contracts.probe import ResolvedPlan
 from oracle_build.core import env as envmod
 from oracle_build.core import layout
+from oracle_build.core.files import load_json
+from oracle_build.core.log import fmt_seconds
 from oracle_build.core.proc import Cmd
 from oracle_build.oracle.venv import uv
-from oracle_build.recipe import source
+from oracle_build.recipe import source, toolchain
 from oracle_build.recipe.checkout import KNOWN_SWITCHES, CheckoutFacts, pin_problems, read_checkout
 from oracle_build.recipe.wheelhouse import Wheelhouse
 
@@ -31,7 +40,18 @@ if TYPE_CHECKING:
 
 # Removed from the wheel build's environment whatever the caller set: each makes the
 # build take kernels from elsewhere or stamp a version it did not compute.
-WHEEL_UNSET = ("VLLM_USE_PRECOMPILED", "SETUPTOOLS_SCM_PRETEND_VERSION")
+WHEEL_UNSET = ("VLLM_USE_PRECOMPILED", "SETUPTOOLS_SCM_PRETEND_VERSION",
+               "VLLM_VERSION_OVERRIDE", "VLLM_SKIP_VERSION_SUFFIX")
+# what the compile's command lines take from the environment of a source build: each is the
+# plan's or unset, never the caller's (a CFLAGS of the caller's would change every object)
+FLAGS_UNSET = ("CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CC", "CXX", "CCACHE_DISABLE",
+               "CCACHE_RECACHE", "CCACHE_PREFIX", "CCACHE_CONFIGPATH")
+# wheels, archives and bytecode carry this time, not the build's (Debian's reproducible
+# builds; the same value the installs use for bytecode)
+SOURCE_DATE_EPOCH = envmod.BYTECODE["SOURCE_DATE_EPOCH"]
+# CMake's last line of a configure that worked: where `--stop-after configure` ends the build
+CONFIGURED = r"^\s*-- Build files have been written to: "
+STOP_POINTS = ("configure",)
 UV_VERSION = "0.13.9"
 # the staging files the fetch step lists the wheels it downloads in
 DOWNLOAD_LIST = "download.txt"
@@ -69,6 +89,12 @@ class Plan:
     # what the wheel build removes from its environment (every precompiled switch the
     # tree reads, as far as the plan knows it)
     wheel_unset: tuple[str, ...] = ()
+    # a from-source build: the compilers found, the pin's patches decided, the compiler cache
+    compilers: dict[str, toolchain.Compiler] = field(default_factory=dict)
+    patches: list[toolchain.PatchDecision] = field(default_factory=list)
+    compiler_cache: toolchain.CompilerCache | None = None
+    stop_after: str | None = None  # a step's name, or "configure" (inside the wheel step)
+    last_times: dict[str, float] = field(default_factory=dict)  # each step, last time here
 
     @property
     def staging_venv(self) -> Path:
@@ -93,6 +119,8 @@ class Plan:
             "target": self.target_name,
             "device": self.target.device,
             "vllm": (f"git {src.repository} @ {src.commit}" if isinstance(src, GitSource)
+                     else f"archive {src.url} sha256:{src.sha256} (commit {src.commit_id})"
+                     if isinstance(src, ArchiveSource)
                      else f"wheel {src.distribution}=={src.version} sha256:{src.sha256}"),
             "expected_runtime_version": self.pin.expected_runtime_version(),
             "python": self.pin.model.python,
@@ -108,7 +136,7 @@ class Plan:
             "build_env": dict(sorted(self.build_env.items())),
             "from_wheelhouse": self.from_wheelhouse,
             "rust_frontend": (self.pin.model.build.rust_frontend
-                              if isinstance(self.pin.model.vllm, GitSource) else None),
+                              if isinstance(self.pin.model.vllm, FromSource) else None),
             "checkout": str(self.checkout) if self.checkout else None,
         }).model_dump(mode="json")
 
@@ -122,8 +150,19 @@ class Plan:
                      + ", ".join(sorted(envmod.SCRUBBED)) + " and every "
                      + ", ".join(f"{p}*" for p in envmod.BUILD_DROPPED_PREFIXES)
                      + ", VLLM_*PRECOMPILED* variable, plus what the command lists")
+        for role, tool in self.compilers.items():
+            lines.append(f"  {role}: {tool.label()}")
+        for d in self.patches:
+            lines.append(f"  patch {d.patch.file}: {'APPLIES' if d.applies else 'skipped'} "
+                         f"({d.why}): {d.patch.reason}")
+        if self.compiler_cache is not None:
+            lines.append(f"  compiler cache: {self.compiler_cache.describe()}")
+        if self.stop_after:
+            lines.append(f"  stops after: {self.stop_after} (nothing is published)")
         for index, step in enumerate(self.steps, start=1):
-            lines.append(f"  [{index}/{len(self.steps)}] {step.name}: {step.about}")
+            last = self.last_times.get(step.name)
+            took = f" (last time on this host: {fmt_seconds(last)})" if last else ""
+            lines.append(f"  [{index}/{len(self.steps)}] {step.name}: {step.about}{took}")
             for blocked in step.blocked_by:
                 lines.append(f"      REFUSES TO RUN: {blocked}")
             for cmd in step.commands:
@@ -205,12 +244,36 @@ def fetch_commands(plan_files: Callable[[str], Path], wh: Wheelhouse, pin: Pin,
     return cmds
 
 
+def last_times(home: Path, pin_key: str) -> dict[str, float]:
+    """Each step's duration the last time it ran to its end on this host (nothing when the
+    file is absent or not a plain table of numbers: it is only said, never trusted)."""
+    path = layout.timings_path(home, pin_key)
+    try:
+        data = load_json(path) if path.is_file() else {}
+    except Exception:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): float(v) for k, v in data.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e7}
+
+
+def archive_path(wh: Wheelhouse, src: ArchiveSource) -> Path:
+    """Where a pin's source archive is kept: in its wheelhouse, checked by sha256 at each
+    use, so a rebuild after a reimage needs no registry."""
+    return wh.root / "sources" / src.filename
+
+
 def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
          mirror: str | None = None, externals_dir: Path | None = None,
-         checkout: Path | None = None) -> Plan:
+         checkout: Path | None = None, compiler_cache: bool = True,
+         stop_after: str | None = None) -> Plan:
     """``checkout``: a tree at the pinned commit to read the build's facts from now
     (externals, switches, requirements, Rust); without it the build reads them from its
-    own clone before configure, and refuses there what it would refuse here."""
+    own clone before configure, and refuses there what it would refuse here.
+    ``compiler_cache``: False builds cold (ccache into a throwaway folder).
+    ``stop_after``: a step's name, or "configure": the build ends there (the wheel build is
+    stopped at CMake's last configure line), its staging folder removed, nothing published."""
     from oracle_build.recipe import steps as act
 
     target = pin.target(target_name)
@@ -226,6 +289,9 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
     from_wheelhouse = False
     facts: CheckoutFacts | None = None
     wheel_unset: tuple[str, ...] = ()
+    compilers: dict[str, toolchain.Compiler] = {}
+    decisions: list[toolchain.PatchDecision] = []
+    ccache: toolchain.CompilerCache | None = None
     cache = layout.uv_cache_dir(staging)
     lock_install = _uv("pip", "install", "--python", py, "--offline", "--no-index",
                        "--find-links", str(wh.root), "--no-deps", "--require-hashes",
@@ -247,7 +313,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
         steps.append(Step("install", "install the locked set offline from the wheelhouse",
                           act.install_locked, [lock_install]))
     else:
-        assert isinstance(src, GitSource)
+        assert isinstance(src, FromSource)
         dist_version = pin.expected_distribution_version(target)
         torch = pin.torch_for(target)
         built = (wh.find_built(src.distribution, dist_version)
@@ -258,7 +324,10 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
             steps.append(Step("wheelhouse", f"use the vLLM wheel built earlier for this pin: "
                               f"{built}", act.use_built))
         else:
-            origin = mirror or src.repository
+            compilers = toolchain.compilers(pin)
+            decisions = toolchain.decide_patches(pin, target_name, compilers)
+            ccache = toolchain.compiler_cache(home, staging, cold=not compiler_cache)
+            switches: tuple[str, ...]
             if checkout is not None:
                 facts = read_checkout(checkout, device=target.device, machine=target.machine,
                                       preferred_requirements=pin.model.build.build_requirements)
@@ -268,36 +337,75 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                     torch.version if torch else None, target.machine)
             else:
                 facts, switches, source_blocked = None, KNOWN_SWITCHES, []
+            if isinstance(src, GitSource):
+                origin = mirror or src.repository
+                steps.append(Step(
+                    "source", f"clone {origin} (full history, tags), check out {src.commit}; "
+                    "between the commands: not shallow, the commit present; after: HEAD, "
+                    "full history, a reachable tag, a clean tree, and the externals its cmake "
+                    "files declare equal to the pin's", act.source_,
+                    source.clone_commands(origin, staging / "src", src.commit), source_blocked))
+            else:
+                assert isinstance(src, ArchiveSource)
+                steps.append(Step(
+                    "source", f"the archive {src.filename} (sha256 {src.sha256}) in "
+                    f"{archive_path(wh, src)}, fetched from {src.url} when absent or other "
+                    "bytes; unpacked into the staging folder; its vllm/_version.py must "
+                    f"record commit {src.commit_id}; the externals its cmake files declare "
+                    "equal to the pin's", act.archive_source, [], source_blocked))
+            applying = [d for d in decisions if d.applies]
+            if decisions:
+                steps.append(Step(
+                    "patches", f"apply {len(applying)} of the pin's {len(decisions)} patches "
+                    "to the staging copy, in order, each checked first (git apply --check: "
+                    "no fuzz); one that does not apply stops the build (exit 5)",
+                    act.patches, [patch_cmd(d.path, staging / "src") for d in applying]))
             steps.append(Step(
-                "source", f"clone {origin} (full history, tags), check out {src.commit}; "
-                "between the commands: not shallow, the commit present; after: HEAD, full "
-                "history, a reachable tag, a clean tree, and the externals its cmake files "
-                "declare equal to the pin's", act.source_,
-                source.clone_commands(origin, staging / "src", src.commit), source_blocked))
+                "toolchain", "the compilers against the floors the (patched) source's own "
+                "CMake sets (a compiler below one stops here, exit 6, not deep in configure)",
+                act.toolchain_))
             blocked = []
             ext_cmds: list[Cmd] = []
             ext_env: dict[str, str] = {}
             for ext in pin.externals_for(target):
-                local = staging / "externals" / ext.name
+                local = staging / "externals" / (ext.folder if ext.tree else ext.name)
                 ext_env[ext.src_dir_var] = str(local)
                 if not ext.established:
                     blocked.append(f"externals.{ext.name}.commit is unestablished: "
                                    f"{ext.commit.reason}")  # type: ignore[union-attr]
                     continue
-                origin_ext = str(externals_dir / ext.name) if externals_dir else ext.repository
-                ext_cmds += source.clone_commands(origin_ext, local, str(ext.commit))
+                if ext.tree is None:
+                    origin_ext = str(externals_dir / ext.name) if externals_dir \
+                        else ext.repository
+                    ext_cmds += source.clone_commands(origin_ext, local, str(ext.commit))
             if pin.externals_for(target):
                 if externals_dir is None:
-                    blocked.append("no --externals DIR of local mirrors given; with "
-                                   "FETCHCONTENT_FULLY_DISCONNECTED=ON CMake cannot fetch them")
-                steps.append(Step("externals", "local copies of the CMake FetchContent "
-                                  "externals at their pinned commits, each verified",
-                                  act.externals, ext_cmds, blocked))
+                    blocked.append("no --externals DIR of local sources given (git mirrors "
+                                   "or archives); with FETCHCONTENT_FULLY_DISCONNECTED=ON "
+                                   "CMake cannot fetch them")
+                by_tree = [e for e in pin.externals_for(target) if e.tree]
+                steps.append(Step(
+                    "externals", "local copies of the CMake FetchContent externals at their "
+                    "pinned commits, each verified"
+                    + (": " + ", ".join(f"{e.name} = the git tree {e.tree}" for e in by_tree)
+                       + f", from a git mirror or an archive in {externals_dir} whose files "
+                       "hash to it (a wrong tree is refused, naming the external)"
+                       if by_tree else ""),
+                    act.externals, ext_cmds, blocked))
             build_env = wheel_build_env(pin, target, ext_env)
             rust_env, rust_unset = rust_switches(pin.model.build.rust_frontend)
             wheel_unset = (*WHEEL_UNSET, *(s for s in switches if s not in WHEEL_UNSET),
-                           *rust_unset)
-            if torch is not None:
+                           *rust_unset, *FLAGS_UNSET)
+            if pin.lock_entries is not None:
+                steps.append(fetch)
+            if torch is not None and pin.lock_entries is not None:
+                steps.append(Step(
+                    "torch", "install the locked torch (and what it needs) offline from the "
+                    "wheelhouse, every wheel there checked against the lock",
+                    act.commands, [_uv("pip", "install", "--python", py, "--offline",
+                                       "--no-index", "--find-links", str(wh.root),
+                                       f"torch=={torch.version}", cache=cache)]))
+            elif torch is not None:
                 steps.append(Step(
                     "torch", f"install the pinned torch from {torch.index}",
                     act.commands, [_uv("pip", "install", "--python", py,
@@ -317,15 +425,27 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                 act.build_requirements,
                 [_uv("pip", "install", "--python", py, f"pip=={pin.model.build.pip}",
                      "-r", str(files("build-requirements.txt")))]))
+            wheel_env = {**build_env, **rust_env, **source_build_env(
+                pin, staging, svenv, compilers, ccache)}
+            wheel_env["CMAKE_ARGS"] = " ".join(
+                [*(build_env.get("CMAKE_ARGS", "").split()),
+                 *ccache.cmake_args(devices.module(target).LAUNCHER_LANGS)])
+            build_env = {k: v for k, v in wheel_env.items() if k not in rust_env}
+            stop = CONFIGURED if stop_after == "configure" else None
             steps.append(Step(
-                "wheel", "build the vLLM wheel from the checkout: no build isolation, no "
-                "cached wheel, every precompiled-kernel switch removed from the environment, "
-                f"the Rust front end: {pin.model.build.rust_frontend or 'not decided'}",
-                act.commands,
+                "wheel", "build the vLLM wheel from the source: no build isolation, no "
+                "cached wheel, every precompiled-kernel switch and the caller's compiler "
+                "flags removed from the environment, the staging venv's cmake and ninja first "
+                f"on PATH, the compiler cache: {ccache.describe()}, the Rust front end: "
+                f"{pin.model.build.rust_frontend or 'not decided'}"
+                + ("; STOPPED once CMake has configured (--stop-after configure)"
+                   if stop else ""),
+                act.wheel,
                 [Cmd([py, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                       "--no-cache-dir", "--verbose", "-w", str(wheel_dir),
-                      str(staging / "src")], env={**build_env, **rust_env},
-                     unset=wheel_unset, what="pip wheel (vLLM build)")]))
+                      str(staging / "src")], env=wheel_env,
+                     unset=tuple(k for k in wheel_unset if k not in wheel_env),
+                     what="pip wheel (vLLM build)", stop_at=stop)]))
             steps.append(Step(
                 "check-wheel", "the wheel's version is the pin's distribution version; its "
                 "sha256 is recorded and the wheel kept in the wheelhouse"
@@ -333,7 +453,8 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                 act.check_wheel))
         vllm_req = f"{src.distribution}=={dist_version}"
         if pin.lock_entries is not None:
-            steps.append(fetch)
+            if fetch not in steps:
+                steps.append(fetch)
             install_cmds = [_uv("pip", "install", "--python", py, "--offline", "--no-index",
                                 "--find-links", str(wheel_dir), "--no-deps", vllm_req,
                                 cache=cache),
@@ -354,8 +475,42 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                       "directory", act.identity_))
     steps.append(Step("publish", f"write the build record, keep the wheels, move the venv to "
                       f"{venv}, re-check identity there", act.publish))
-    read_now = isinstance(src, GitSource) and not from_wheelhouse and checkout is not None
+    names = [s.name for s in steps]
+    if stop_after is not None and stop_after not in names and not (
+            stop_after in STOP_POINTS and "wheel" in names):
+        from oracle_build.core.errors import BadInput
+
+        raise BadInput("--stop-after", [("<value>", f"{stop_after!r} is not a step of this "
+                                         f"plan ({', '.join(names)}) nor a point in one "
+                                         f"({', '.join(STOP_POINTS)})")])
+    read_now = isinstance(src, FromSource) and not from_wheelhouse and checkout is not None
     return Plan(pin, target_name, target, home, venv, staging, wh, mirror, externals_dir,
                 steps, build_env, from_wheelhouse,
                 checkout=checkout if read_now else None,
-                checkout_facts=facts if read_now else None, wheel_unset=wheel_unset)
+                checkout_facts=facts if read_now else None, wheel_unset=wheel_unset,
+                compilers=compilers, patches=decisions, compiler_cache=ccache,
+                stop_after=stop_after, last_times=last_times(home, pin.key))
+
+
+def patch_cmd(patch: Path, tree: Path) -> Cmd:
+    """`git apply` of one patch in ``tree`` (not a repository: GIT_CEILING_DIRECTORIES stops
+    git from finding one around it): no fuzz, whitespace as written."""
+    return Cmd(["git", *source.GIT_SAFE, "apply", "--verbose", str(patch)],
+               env={**envmod.GIT, "GIT_CEILING_DIRECTORIES": str(tree.parent)},
+               cwd=str(tree), what=f"git apply {patch.name}")
+
+
+def source_build_env(pin: Pin, staging: Path, svenv: Path,
+                     compilers: dict[str, toolchain.Compiler],
+                     ccache: toolchain.CompilerCache) -> dict[str, str]:
+    """What a source build's compile command lines depend on, set by the plan: the staging
+    venv's tools first on PATH (cmake and ninja of the build requirements, not the host's),
+    the pin's compilers when it names them, SOURCE_DATE_EPOCH, the compiler cache."""
+    env = {"PATH": f"{svenv / 'bin'}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
+           "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
+    if pin.model.build.cc and compilers["cc"].path:
+        env["CC"] = compilers["cc"].path
+    if pin.model.build.cxx and compilers["cxx"].path:
+        env["CXX"] = compilers["cxx"].path
+    env.update(ccache.env(staging))
+    return env

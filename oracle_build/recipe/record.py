@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from oracle_build import host
-from oracle_build.contracts.pins import GitSource
+from oracle_build.contracts.pins import FromSource
 from oracle_build.contracts.record import (
     RECORD_SCHEMA,
     BuildRecord,
@@ -52,7 +52,7 @@ def build_record(state: BuildState, ident: identity.Identity, *, manifest_summar
         resolved=p.resolved(),
         host=host.facts(p.build_env),
         installer=Installer(uv=UV_VERSION, pip_for_wheel_build=(
-            p.pin.model.build.pip if isinstance(p.pin.model.vllm, GitSource) else None)),
+            p.pin.model.build.pip if isinstance(p.pin.model.vllm, FromSource) else None)),
         origin=state.origin,
         source=facts.source,
         externals=facts.externals,
@@ -71,6 +71,11 @@ def build_record(state: BuildState, ident: identity.Identity, *, manifest_summar
         identity=ident.summary(),
         libraries=identity.outside_libraries(ident.facts),
         content_fingerprint=content_fingerprint,
+        archive=facts.archive,
+        patches=facts.patches,
+        toolchain=facts.toolchain,
+        externals_by_tree=facts.externals_by_tree,
+        compiler_cache=facts.compiler_cache,
         manifest=manifest_summary)
 
 

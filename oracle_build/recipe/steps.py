@@ -19,16 +19,22 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from oracle_build import devices, host
 from oracle_build.contracts.lock import LockEntry
-from oracle_build.contracts.pins import GitSource
+from oracle_build.contracts.pins import ArchiveSource, FromSource, GitSource
 from oracle_build.contracts.record import (
+    ArchiveFacts,
     BuildFacts,
     CheckoutFacts,
+    CompilerCacheFacts,
+    CompilerFacts,
     DeclaredExternal,
+    ExternalFacts,
+    PatchFacts,
     SourceFacts,
+    ToolchainFacts,
     WheelFacts,
 )
 from oracle_build.core import env as envmod
-from oracle_build.core import proc
+from oracle_build.core import layout, proc
 from oracle_build.core.env import tool_variable
 from oracle_build.core.errors import (
     BuildFailed,
@@ -37,13 +43,21 @@ from oracle_build.core.errors import (
     SourceError,
     Unestablished,
 )
-from oracle_build.core.files import dumps_json, sha256_file
+from oracle_build.core.files import atomic_write_json, dumps_json, sha256_file
 from oracle_build.core.layout import utc_now, uv_cache_dir
 from oracle_build.core.log import Steps, say
 from oracle_build.oracle import identity, inventory
 from oracle_build.oracle.venv import uv
-from oracle_build.recipe import checkout, record, source
-from oracle_build.recipe.plan import DOWNLOAD_LIST, TORCH_DOWNLOAD_LIST, Plan, Step
+from oracle_build.recipe import archive, checkout, record, source, toolchain
+from oracle_build.recipe.cmake import scan
+from oracle_build.recipe.plan import (
+    DOWNLOAD_LIST,
+    TORCH_DOWNLOAD_LIST,
+    Plan,
+    Step,
+    archive_path,
+    last_times,
+)
 from oracle_build.recipe.wheelhouse import Wheelhouse
 
 
@@ -57,6 +71,7 @@ class BuildState:
     identity: identity.Identity | None = None
     tree: checkout.CheckoutFacts | None = None  # what the source step read from the clone
     hashed: inventory.Hashed | None = None  # the venv's files, hashed during the identity step
+    stopped: str | None = None  # where the build stopped as asked (--stop-after)
 
 
 def _run(state: BuildState, cmd: proc.Cmd, *, check: bool = True,
@@ -104,7 +119,7 @@ def preflight(state: BuildState, step: Step) -> None:
         raise PreflightFailed(f"{_gib(mem)} of host memory available, the build needs "
                               f"{_gib(floor)}", hint="stop other work or lower MAX_JOBS "
                               "(ORACLE_BUILD_MIN_MEMORY_GIB sets the floor)")
-    if p.pin.model.build.rust_frontend == "build" and isinstance(p.pin.model.vllm, GitSource):
+    if p.pin.model.build.rust_frontend == "build" and isinstance(p.pin.model.vllm, FromSource):
         for tool in ("cargo", "rustc"):
             answer = proc.query([tool, "--version"], env=envmod.build_env())
             if not answer.ok:
@@ -208,6 +223,36 @@ def source_(state: BuildState, step: Step) -> None:
                             log=p.log)
     state.facts.source = SourceFacts.model_validate(facts.as_dict())
     say(f"    HEAD {facts.commit}  ({facts.describe})")
+    read_tree(state)
+
+
+def archive_source(state: BuildState, step: Step) -> None:
+    """The pin's release archive: in the wheelhouse by its sha256 (fetched when absent),
+    unpacked into the staging folder, its recorded commit the pin's."""
+    p = state.plan
+    src = p.pin.model.vllm
+    assert isinstance(src, ArchiveSource)
+    where = archive_path(p.wheelhouse, src)
+    got = archive.fetch(src.url, src.sha256, where, size=src.size)
+    say(f"    {src.filename}: " + ("in the wheelhouse, sha256 checked" if got.origin ==
+                                   "present" else f"fetched from {got.origin}, sha256 checked"))
+    tree = archive.unpack(where, p.staging / "src")
+    commit_id = checkout.version_commit_id(tree)
+    found = commit_id.removeprefix("g") if commit_id else None
+    if found is None or not (found.startswith(src.commit_id) or src.commit_id.startswith(found)):
+        raise SourceError(f"{src.filename}'s vllm/_version.py records commit "
+                          f"{commit_id or '(none)'}, the pin says {src.commit_id}",
+                          hint="the archive is not the release the pin names")
+    state.facts.archive = ArchiveFacts(url=src.url, filename=src.filename, sha256=src.sha256,
+                                       origin=got.origin, commit_id=commit_id)
+    say(f"    unpacked into {tree}; vllm/_version.py: commit {commit_id}")
+    read_tree(state)
+
+
+def read_tree(state: BuildState) -> None:
+    """What the source tree says about building it, against the pin: before any patch, any
+    external, any configure."""
+    p = state.plan
     tree = checkout.read_checkout(p.staging / "src", device=p.target.device,
                                   machine=p.target.machine,
                                   preferred_requirements=p.pin.model.build.build_requirements)
@@ -235,10 +280,62 @@ def source_(state: BuildState, step: Step) -> None:
             "list them)")
 
 
+def patches(state: BuildState, step: Step) -> None:
+    """Each applying patch checked (git apply --check), then applied, in the pin's order; the
+    ones that do not apply here recorded with why."""
+    p = state.plan
+    applying = [d for d in p.patches if d.applies]
+    for decision, cmd in zip(applying, step.commands, strict=True):
+        check = proc.Cmd([*cmd.argv[:-2], "--check", *cmd.argv[-2:]], env=cmd.env,
+                         cwd=cmd.cwd, what=f"{cmd.what} --check")
+        done = _run(state, check, check=False)
+        if not done.ok:
+            raise BuildFailed(f"patch {decision.patch.file} does not apply to this source "
+                              f"(git apply --check exited {done.returncode}; the hunk that "
+                              f"failed is in the build log: {p.log})",
+                              hint="the source is not the one the patch was written for: "
+                              "review the patch and record a new one (file and sha256)")
+        _run(state, cmd)
+        say(f"    applied {decision.patch.file}")
+    state.facts.patches = [
+        PatchFacts(file=d.patch.file, sha256=d.patch.sha256, reason=d.patch.reason,
+                   when=d.patch.when, applied=d.applies, why=d.why) for d in p.patches]
+
+
+def toolchain_(state: BuildState, step: Step) -> None:
+    """The compilers against the source's own floors, read from the tree as patched."""
+    p = state.plan
+    found = scan(p.staging / "src", device=p.target.device, machine=p.target.machine)
+    problems = toolchain.floor_problems(found.floors, p.compilers, p.patches)
+    state.facts.toolchain = ToolchainFacts(
+        compilers={r: CompilerFacts.model_validate(c.as_dict())
+                   for r, c in p.compilers.items()},
+        floors=[{"lang": f.lang, "version": f.version, "compiler_id": f.compiler_id,
+                 "source": f.source} for f in found.floors])
+    for role, tool in p.compilers.items():
+        say(f"    {role}: {tool.label()}")
+    if problems:
+        first = problems[0]
+        lifting = first.lifting
+        raise PreflightFailed(
+            "; ".join(pr.message() for pr in problems),
+            hint=(f"this pin's patch {lifting[0]} lifts it where its `when` holds"
+                  if lifting else "a patch recorded in the pin ([[patches]]) that lowers the "
+                  "floor, with its reason and a `when` on the compiler's version")
+            + "; or name a newer compiler: [build] cxx (Debian 13's g++ is 12.4)")
+    for role, tool in p.compilers.items():
+        if tool.path is None:
+            raise PreflightFailed(f"no {role} compiler: {tool.asked} is not on PATH",
+                                  hint="install the toolchain (Debian: build-essential)")
+
+
 def externals(state: BuildState, step: Step) -> None:
     p = state.plan
     for ext in p.pin.externals_for(p.target):
         assert isinstance(ext.commit, str)
+        if ext.tree is not None:
+            _external_by_tree(state, ext)
+            continue
         origin = str(p.externals_dir / ext.name) if p.externals_dir else ext.repository
         dest = p.staging / "externals" / ext.name
         facts = source.clone_at(origin, dest, ext.commit, log=p.log, need_tags=False)
@@ -255,6 +352,54 @@ def externals(state: BuildState, step: Step) -> None:
                                  ext.name: SourceFacts.model_validate(facts.as_dict())}
 
 
+def _external_by_tree(state: BuildState, ext: Any) -> None:
+    """The external from whatever local source hashes to its tree: a git mirror at its
+    commit, an archive of its files (ours, GitHub's tag archive); a source that hashes to
+    another tree is refused, naming the external, before configure."""
+    p = state.plan
+    assert p.externals_dir is not None and ext.tree is not None
+    dest = p.staging / "externals" / ext.folder
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tried: list[str] = []
+    for cand in archive.candidates(p.externals_dir, ext.name):
+        if cand.kind == "mirror":
+            facts = source.clone_at(str(cand.path), dest, ext.commit, log=p.log,
+                                    need_tags=False)
+            tree = source.git(["rev-parse", f"{ext.commit}^{{tree}}"], cwd=dest, log=p.log,
+                              echo=False).output.strip()
+            if tree != ext.tree:
+                shutil.rmtree(dest)
+                tried.append(f"{cand.path} (git mirror): commit {ext.commit} has tree {tree}")
+                continue
+            shutil.rmtree(dest / ".git")  # the files, as an archive would give them
+            state.facts.externals = {**(state.facts.externals or {}),
+                                     ext.name: SourceFacts.model_validate(facts.as_dict())}
+        else:
+            try:
+                archive.unpack(cand.path, dest)
+            except SourceError as exc:
+                tried.append(f"{cand.path}: {exc.message}")
+                continue
+            tree = archive.tree_id(dest)
+            if tree != ext.tree:
+                shutil.rmtree(dest)
+                tried.append(f"{cand.path} (archive): its files hash to tree {tree}")
+                continue
+        state.facts.externals_by_tree = {
+            **(state.facts.externals_by_tree or {}),
+            ext.name: ExternalFacts(tree=ext.tree, commit=ext.commit, origin=str(cand.path),
+                                    kind="mirror" if cand.kind == "mirror" else "archive")}
+        say(f"    {ext.name}: {cand.path} ({cand.kind}) holds tree {ext.tree}")
+        return
+    raise SourceError(
+        f"external {ext.name}: nothing in {p.externals_dir} holds its files (git tree "
+        f"{ext.tree}, commit {ext.commit})"
+        + ("; tried:\n    " + "\n    ".join(tried) if tried else
+           "; no git mirror named after it and no source archive there"),
+        hint=f"put a git mirror at {p.externals_dir / ext.name} or an archive of the tag "
+        f"{ext.tag or ext.commit} ({ext.repository}) in {p.externals_dir}")
+
+
 def build_requirements(state: BuildState, step: Step) -> None:
     """The requirements the source step read from the clone (pyproject first, torch left to
     the pin and already checked against it there), written outside the tree, installed."""
@@ -267,6 +412,50 @@ def build_requirements(state: BuildState, step: Step) -> None:
     state.facts.build_requirement_options = reqs.options
     state.facts.build_requirement_sources = reqs.sources
     commands(state, step)
+
+
+# what a source build's compile command lines take from its environment, every device's
+FLAG_VARS = ("CMAKE_ARGS", "CMAKE_BUILD_TYPE", "MAX_JOBS", "SOURCE_DATE_EPOCH", "CC", "CXX",
+             "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CCACHE_BASEDIR",
+             "CCACHE_COMPILERCHECK", "CCACHE_NOHASHDIR")
+
+
+def wheel(state: BuildState, step: Step) -> None:
+    """The wheel build (its command as planned); around it, what the record needs: the
+    versions of the build's cmake and ninja, the flags its command lines take, and what the
+    compiler cache gave."""
+    p = state.plan
+    (cmd,) = step.commands
+    env = cmd.environment()
+    tools = state.facts.toolchain or ToolchainFacts(compilers={
+        r: CompilerFacts.model_validate(c.as_dict()) for r, c in p.compilers.items()})
+    bin_dir = p.staging_venv / "bin"
+    tools = tools.model_copy(update={
+        "cmake": toolchain.tool_version([str(bin_dir / "cmake"), "--version"], env)
+        or toolchain.tool_version(["cmake", "--version"], env),
+        "ninja": toolchain.tool_version([str(bin_dir / "ninja"), "--version"], env)
+        or toolchain.tool_version(["ninja", "--version"], env),
+        "flags": {k: env[k] for k in sorted(env) if k in (
+            *FLAG_VARS, *devices.module(p.target).BUILD_FLAG_VARS)}})
+    state.facts.toolchain = tools
+    cc = p.compiler_cache
+    if cc is not None and cc.active:
+        cc.folder.mkdir(parents=True, exist_ok=True)
+        cc.stats_log.unlink(missing_ok=True)
+    result = _run(state, cmd)
+    if cc is not None:
+        stats = toolchain.read_stats(cc.stats_log) if cc.active else None
+        state.facts.compiler_cache = CompilerCacheFacts(
+            described=cc.describe(), folder=str(cc.folder) if cc.active else None,
+            cold=cc.cold, hits=stats.hits if stats else None,
+            misses=stats.misses if stats else None, other=stats.other if stats else {})
+        if stats is not None:
+            say(f"    compiler cache: {stats.hits} hits, {stats.misses} misses")
+        if cc.cold:
+            shutil.rmtree(cc.folder, ignore_errors=True)
+    if result.stopped:
+        state.stopped = "configure"
+        say("    stopped once CMake had configured, as asked (--stop-after configure)")
 
 
 # what a built version's local segment says, for every device's build
@@ -288,7 +477,7 @@ def version_hint(version: str) -> str:
 def check_wheel(state: BuildState, step: Step) -> None:
     p = state.plan
     src = p.pin.model.vllm
-    assert isinstance(src, GitSource)
+    assert isinstance(src, FromSource)
     dist = p.staging / "dist"
     wheels = sorted(dist.glob("*.whl"))
     if len(wheels) != 1:
@@ -311,9 +500,12 @@ def check_wheel(state: BuildState, step: Step) -> None:
                           + ("holds" if rust else "lacks") + " vllm/vllm-rs",
                           hint="check cargo on this host and the build log's build_rust lines")
     commit_id = checkout.commit_id_in(version_py)
-    if commit_id and not src.commit.startswith(commit_id.removeprefix("g")):
+    pinned = (src.commit if isinstance(src, GitSource)
+              else src.commit_id if isinstance(src, ArchiveSource) else "")
+    found = commit_id.removeprefix("g") if commit_id else None
+    if found and not (pinned.startswith(found) or found.startswith(pinned)):
         raise BuildFailed(f"the wheel's vllm/_version.py names commit {commit_id}, the pin "
-                          f"says {src.commit}")
+                          f"says {pinned}")
     state.wheel = wheel
     state.origin = "built"
     state.facts.wheel = WheelFacts(file=wheel.name, sha256=sha256_file(wheel),
@@ -330,7 +522,7 @@ def check_wheel(state: BuildState, step: Step) -> None:
 def use_built(state: BuildState, step: Step) -> None:
     p = state.plan
     src = p.pin.model.vllm
-    assert isinstance(src, GitSource)
+    assert isinstance(src, FromSource)
     version = p.pin.expected_distribution_version(p.target)
     wheel = p.wheelhouse.find_built(src.distribution, version)
     if wheel is None:
@@ -344,7 +536,7 @@ def use_built(state: BuildState, step: Step) -> None:
 def install_built(state: BuildState, step: Step) -> None:
     p = state.plan
     src = p.pin.model.vllm
-    assert isinstance(src, GitSource)
+    assert isinstance(src, FromSource)
     if p.pin.lock_entries is not None:
         write_lock_requirements(state, exclude={str(canonicalize_name(src.distribution))})
     commands(state, step)
@@ -376,8 +568,22 @@ def publish(state: BuildState, step: Step) -> None:
     state.identity = record.publish(state)
 
 
-def run(p: Plan) -> identity.Identity:
-    """Execute ``p``. On failure the staging folder and its log stay for inspection."""
+def _remember(p: Plan, name: str, seconds: float) -> None:
+    """This step's duration, for the next plan of this pin on this host to say."""
+    path = layout.timings_path(p.home, p.pin.key)
+    try:
+        times = last_times(p.home, p.pin.key)
+        times[name] = round(seconds, 1)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, times)
+    except OSError:
+        pass  # a note for the next plan, never a reason to fail this build
+
+
+def run(p: Plan) -> identity.Identity | None:
+    """Execute ``p``. On failure the staging folder and its log stay for inspection. A plan
+    with ``stop_after`` ends there (None), its staging folder removed, its log kept under
+    the home's logs/."""
     blocked = [b for step in p.steps for b in step.blocked_by]
     if blocked:  # refuse before any work, naming every value the build would need
         raise Unestablished("the build needs values this pin does not establish:\n  "
@@ -396,6 +602,17 @@ def run(p: Plan) -> identity.Identity:
                     step.action(state, step)
                 finally:  # an install's unpacked wheels: the wheelhouse keeps the wheels
                     shutil.rmtree(uv_cache_dir(p.staging), ignore_errors=True)
+            if state.stopped is None and step.name in state.steps.timings:
+                _remember(p, step.name, state.steps.timings[step.name])
+            if state.stopped is not None or step.name == p.stop_after:
+                state.stopped = state.stopped or step.name
+                kept = layout.log_path(p.home, "build", p.pin.key)
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(p.log, kept)
+                shutil.rmtree(p.staging, ignore_errors=True)
+                say(f"build stopped after {state.stopped}, as asked: nothing published, the "
+                    f"staging folder removed; its log: {kept}")
+                return None
     except BaseException as exc:
         if p.staging.exists():
             say(f"build stopped in step {state.steps.current}/{len(p.steps)}; the staging "

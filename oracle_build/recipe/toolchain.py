@@ -1,0 +1,258 @@
+"""The toolchain is part of the recipe: the C and C++ compilers a source build uses (the pin's,
+or the host's ``cc`` and ``c++`` as CMake finds them), their versions, the floors the source's
+own CMake sets (read from the tree, as its externals are), which of the pin's patches apply
+(a patch's ``when``, as Spack's ``patch(..., when=...)``), and the compiler cache (ccache)
+with its settings. Everything here is asked of the host once, when the plan is made, and
+recorded."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from oracle_build.contracts.pins import Patch, Pin
+from oracle_build.core import env as envmod
+from oracle_build.core import proc
+from oracle_build.core.env import tool_variable
+from oracle_build.recipe.cmake import Floor
+
+DEFAULTS = {"cc": "cc", "cxx": "c++"}
+# ccache's size bound when the tool's variable does not set one: a vLLM CPU build's objects
+# are about 0.5 GB; a few pins' builds fit
+CCACHE_MAXSIZE = "8G"
+
+
+@dataclass(frozen=True)
+class Compiler:
+    role: str  # "cc" or "cxx"
+    asked: str  # as the pin (or the default) names it
+    path: str | None  # found on PATH (absolute), None when absent
+    real_path: str | None  # symlinks resolved (c++ -> g++-12)
+    version: str | None  # -dumpfullversion
+    identity: str | None  # --version's first line
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def label(self) -> str:
+        if self.path is None:
+            return f"{self.asked} (not found)"
+        return f"{self.asked} = {self.real_path} {self.version or '?'}"
+
+
+def find_compiler(role: str, asked: str | None) -> Compiler:
+    name = asked or DEFAULTS[role]
+    env = envmod.build_env()
+    path = name if os.path.isabs(name) else shutil.which(name, path=env.get("PATH"))
+    if path is None or not os.path.isfile(path):
+        return Compiler(role, name, None, None, None, None)
+    version = proc.query([path, "-dumpfullversion"], env=env, timeout=30)
+    ident = proc.query([path, "--version"], env=env, timeout=30)
+    found = version.output.strip().splitlines()[0] if version.ok and version.output.strip() \
+        else None
+    return Compiler(role, name, path, os.path.realpath(path),
+                    found if found and re.fullmatch(r"\d+(\.\d+)*", found) else None,
+                    ident.output.strip().splitlines()[0] if ident.ok and ident.output.strip()
+                    else None)
+
+
+def compilers(pin: Pin) -> dict[str, Compiler]:
+    build = pin.model.build
+    return {"cc": find_compiler("cc", build.cc), "cxx": find_compiler("cxx", build.cxx)}
+
+
+def _version(text: str | None) -> Version | None:
+    try:
+        return Version(text) if text else None
+    except InvalidVersion:
+        return None
+
+
+_OPS = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+        ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
+
+
+def compare(found: Version, op: str, version: Version) -> bool:
+    """``found`` against a condition's version, compared at the condition's precision: the
+    compiler 12.2.0 against "== 12.2" is equal, against "< 12.3" is below."""
+    width = len(version.release)
+    return bool(_OPS[op](Version(".".join(map(str, found.release[:width]))), version))
+
+
+@dataclass(frozen=True)
+class PatchDecision:
+    patch: Patch
+    path: Path
+    applies: bool
+    why: str
+
+
+def decide_patches(pin: Pin, target_name: str,
+                   tools: dict[str, Compiler]) -> list[PatchDecision]:
+    """Each patch the target considers, whether it applies here, and why."""
+    out = []
+    for patch in pin.patches_for(target_name):
+        cond = patch.condition()
+        if cond is None:
+            out.append(PatchDecision(patch, pin.patch_path(patch), True, "always"))
+            continue
+        role, op, version = cond
+        found = _version(tools[role].version)
+        if found is None:
+            out.append(PatchDecision(patch, pin.patch_path(patch), False,
+                                     f"{patch.when}: {tools[role].label()}, version unknown"))
+            continue
+        applies = compare(found, op, Version(version))
+        out.append(PatchDecision(patch, pin.patch_path(patch), applies,
+                                 f"{patch.when}: {role} is {found}"))
+    return out
+
+
+def patched_files(patch_text: str) -> list[str]:
+    """The files a unified diff changes (its ``+++ b/<file>`` lines)."""
+    return [m.group(1) for m in re.finditer(r"^\+\+\+ b/(\S+)", patch_text, re.MULTILINE)]
+
+
+@dataclass(frozen=True)
+class FloorProblem:
+    floor: Floor
+    compiler: Compiler
+    lifting: list[str]  # the pin's patches that change the floor's file
+
+    def message(self) -> str:
+        return (f"{self.compiler.label()} is below this source's floor: {self.floor.source} "
+                f"stops configure below {self.floor.lang} {self.floor.version} "
+                f"({self.floor.message})")
+
+
+def floor_problems(floors: list[Floor], tools: dict[str, Compiler],
+                   decisions: list[PatchDecision]) -> list[FloorProblem]:
+    """The floors of the (patched) tree this toolchain is below."""
+    out = []
+    for floor in floors:
+        tool = tools[floor.lang]
+        found = _version(tool.version)
+        if found is None or (floor.compiler_id == "GNU" and tool.identity is not None
+                             and "clang" in tool.identity.lower()):
+            continue  # another compiler family: the floor's condition is not about it
+        if compare(found, "<", Version(floor.version)):
+            file = floor.source.rsplit(":", 1)[0]
+            lifting = [str(d.patch.file) for d in decisions
+                       if file in patched_files(d.path.read_text(errors="replace"))]
+            out.append(FloorProblem(floor, tool, lifting))
+    return out
+
+
+# ----------------------------------------------------------------------------- ccache
+
+
+@dataclass(frozen=True)
+class CompilerCache:
+    """ccache as the compiler launcher: its folder (shared by every build of every home that
+    names it: paths under the build's staging folder are rewritten relative, so the cache's
+    keys do not depend on where a build runs), its bound, and whether it is cold (a
+    throwaway folder: every object compiled anew, through the same launcher, so a cold and a
+    warm build run the same compiler command lines)."""
+
+    ccache: str | None  # the ccache binary; None: not on this host
+    folder: Path
+    maxsize: str
+    cold: bool
+    stats_log: Path
+
+    @property
+    def active(self) -> bool:
+        return self.ccache is not None
+
+    def env(self, staging: Path) -> dict[str, str]:
+        if not self.active:
+            return {}
+        return {"CCACHE_DIR": str(self.folder), "CCACHE_BASEDIR": str(staging),
+                "CCACHE_NOHASHDIR": "true", "CCACHE_COMPILERCHECK": "content",
+                "CCACHE_MAXSIZE": self.maxsize, "CCACHE_STATSLOG": str(self.stats_log)}
+
+    def cmake_args(self, langs: tuple[str, ...] = ("C", "CXX")) -> list[str]:
+        """The launcher of each language's compiler (vLLM's setup.py adds `ccache`, or
+        sccache, itself when it finds one on PATH: a build without the cache says so
+        explicitly, with an empty launcher)."""
+        launcher = self.ccache if self.active else ""
+        return [f"-DCMAKE_{lang}_COMPILER_LAUNCHER={launcher}" for lang in langs]
+
+    def describe(self) -> str:
+        if not self.active:
+            return ("none: ccache is not on this host (Debian: apt-get install ccache); every "
+                    "object is compiled anew")
+        if self.cold:
+            return (f"cold: {self.ccache} into a throwaway folder {self.folder} (removed after "
+                    "the build): every object compiled anew")
+        return f"{self.ccache}, folder {self.folder} (at most {self.maxsize})"
+
+
+def compiler_cache(home: Path, staging: Path, *, cold: bool = False) -> CompilerCache:
+    ccache = shutil.which("ccache", path=envmod.build_env().get("PATH"))
+    named = tool_variable("ORACLE_BUILD_COMPILER_CACHE")
+    folder = (staging / "ccache-cold" if cold else
+              Path(named).expanduser().resolve() if named else home / "ccache")
+    maxsize = tool_variable("ORACLE_BUILD_COMPILER_CACHE_SIZE") or CCACHE_MAXSIZE
+    if not re.fullmatch(r"\d+(\.\d+)?[kKMGT]?i?", maxsize):
+        from oracle_build.core.errors import BadInput
+
+        raise BadInput("$ORACLE_BUILD_COMPILER_CACHE_SIZE",
+                       [("<value>", f"{maxsize!r} is not a size like 8G or 500M")])
+    return CompilerCache(ccache, folder, maxsize, cold, staging / "ccache-stats.log")
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    other: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"hits": self.hits, "misses": self.misses, "other": dict(self.other)}
+
+
+HIT = {"direct_cache_hit", "preprocessed_cache_hit", "local_storage_hit",
+       "remote_storage_hit"}
+MISS = {"cache_miss", "local_storage_miss"}
+
+
+def read_stats(log: Path) -> CacheStats | None:
+    """What the build's compiler calls found in the cache, from ccache's stats log (one
+    result name a line, a ``#`` line naming each call)."""
+    if not log.is_file():
+        return None
+    stats = CacheStats()
+    calls = 0
+    hit = miss = False
+    for line in [*log.read_text(errors="replace").splitlines(), "#"]:
+        if line.startswith("#"):
+            if calls:
+                if hit:
+                    stats.hits += 1
+                elif miss:
+                    stats.misses += 1
+            calls += 1
+            hit = miss = False
+            continue
+        name = line.strip()
+        if name in HIT:
+            hit = True
+        elif name in MISS:
+            miss = True
+        elif name:
+            stats.other[name] = stats.other.get(name, 0) + 1
+    return stats
+
+
+def tool_version(argv: list[str], env: dict[str, str] | None = None) -> str | None:
+    answer = proc.query(argv, env=env, timeout=30)
+    if not answer.ok or not answer.output.strip():
+        return None
+    return answer.output.strip().splitlines()[0]
