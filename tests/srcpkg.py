@@ -104,3 +104,218 @@ def write_locked_pin(tmp_path: Path, repo: Repo) -> Path:
     (tmp_path / "srcpkg.lock.txt").write_text(
         "# Hash-locked dependencies of pin 'srcpkg' (a test's)\n" + LOCKED_WHEEL + "\n")
     return write_pin(tmp_path, repo, lock='"srcpkg.lock.txt"')
+
+
+# ----------------------------------------------------------------------------- an sdist
+
+# The same package as a release archive built with CMake, the way vLLM 0.32.0's sdist is:
+# its version from PKG-INFO (setuptools-scm, no git), vllm/_version.py recording the commit
+# (and rewritten by the build, as vLLM's is), a CMake extension with one FetchContent external
+# taken from FETCHCONTENT_SOURCE_DIR_TINYDEP, and a compiler floor no compiler meets (99.0),
+# which the pin's patch lowers: the floor, the patch, the external by its git tree and the
+# compiler cache, each in seconds.
+ARCHIVE_SETUP_PY = """
+import os, subprocess, sys
+from pathlib import Path
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name):
+        super().__init__(name, sources=[])
+
+
+class cmake_build_ext(build_ext):
+    def build_extension(self, ext):
+        build = Path(self.build_temp).resolve()
+        build.mkdir(parents=True, exist_ok=True)
+        out = Path(self.get_ext_fullpath(ext.name)).resolve()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        args = ["cmake", str(Path(__file__).parent.resolve()), "-G", "Ninja",
+                "-DCMAKE_BUILD_TYPE=Release", f"-DPython_EXECUTABLE={sys.executable}",
+                f"-DOUT_DIR={out.parent}", f"-DOUT_NAME={out.name}",
+                *os.environ.get("CMAKE_ARGS", "").split()]
+        subprocess.check_call(args, cwd=build)
+        subprocess.check_call(["cmake", "--build", "."], cwd=build)
+
+
+setup(ext_modules=[CMakeExtension("vllm._C")], cmdclass={"build_ext": cmake_build_ext})
+"""
+ARCHIVE_PYPROJECT = """
+[build-system]
+requires = ["setuptools>=77", "setuptools-scm>=8", "cmake>=3.26", "ninja"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "vllm"
+dynamic = ["version"]
+
+[tool.setuptools]
+packages = ["vllm"]
+
+[tool.setuptools_scm]
+version_file = "vllm/_version.py"
+"""
+ARCHIVE_CMAKE = """
+cmake_minimum_required(VERSION 3.26)
+project(srcpkg C)
+
+if (NOT (CMAKE_C_COMPILER_ID STREQUAL "GNU" AND
+        CMAKE_C_COMPILER_VERSION VERSION_GREATER_EQUAL 99.0))
+    message(FATAL_ERROR "srcpkg requires gcc >= 99.0")
+endif()
+
+include(FetchContent)
+if (DEFINED ENV{FETCHCONTENT_SOURCE_DIR_TINYDEP})
+    set(FETCHCONTENT_SOURCE_DIR_TINYDEP $ENV{FETCHCONTENT_SOURCE_DIR_TINYDEP})
+endif()
+FetchContent_Declare(
+    tinydep
+    GIT_REPOSITORY https://github.com/example/tinydep.git
+    GIT_TAG v1.0)
+FetchContent_MakeAvailable(tinydep)
+
+find_package(Python REQUIRED COMPONENTS Interpreter Development.Module)
+add_library(_C MODULE csrc/ops.c)
+target_include_directories(_C PRIVATE ${Python_INCLUDE_DIRS} ${tinydep_SOURCE_DIR})
+set_target_properties(_C PROPERTIES PREFIX "" SUFFIX "" OUTPUT_NAME "${OUT_NAME}"
+                      LIBRARY_OUTPUT_DIRECTORY "${OUT_DIR}")
+"""
+ARCHIVE_OPS_C = OPS_C.replace("#include <Python.h>", '#include <Python.h>\n#include "tinydep.h"') \
+    .replace("PyLong_FromLong(42)", "PyLong_FromLong(TINYDEP_VALUE)")
+TINYDEP_H = "#define TINYDEP_VALUE 42\n"
+
+
+def floor_patch() -> str:
+    """The patch that lowers the test package's compiler floor (99.0, which no compiler
+    meets) to 4.0: a unified diff with a line of why, as the pin's patches are."""
+    import difflib
+
+    old = ARCHIVE_CMAKE.lstrip("\n")
+    new = old.replace("99.0", "4.0")
+    diff = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                "a/CMakeLists.txt", "b/CMakeLists.txt")
+    return "Lower the test package's compiler floor to 4.0.\n\n" + "".join(diff)
+
+
+ARCHIVE_VERSION = "0.2.0+srcpkg"  # no such vllm on any index: the install takes the built one
+ARCHIVE_COMMIT = "5df63a7200" + "1" * 30  # a full commit; its sdist records 9 hex digits
+
+
+@dataclass
+class Sdist:
+    archive: Path  # vllm-0.2.0.tar.gz
+    sha256: str
+    externals: Path  # a folder holding tinydep-1.0.tar.gz
+    tinydep_commit: str
+    tinydep_tree: str
+    patch: Path
+    patch_sha256: str
+
+
+def _tar(folder: Path, out: Path) -> None:
+    """A gzipped tar of ``folder`` under its own name (as an sdist or `git archive` is)."""
+    import tarfile
+
+    with tarfile.open(out, "w:gz") as tf:
+        tf.add(folder, arcname=folder.name)
+
+
+def make_sdist(root: Path) -> Sdist:
+    """The package's release archive, its external's archive (and the external's commit and
+    git tree, from a real git repository), and the patch that lowers its floor."""
+    import hashlib
+
+    root.mkdir(parents=True, exist_ok=True)
+    dep = root / "tinydep-repo"
+    dep.mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "main", str(dep)], check=True)
+    (dep / "tinydep.h").write_text(TINYDEP_H)
+    (dep / "README").write_text("a one-header external\n")
+    git(dep, "add", "-A")
+    git(dep, "commit", "-qm", "tinydep 1.0")
+    git(dep, "tag", "v1.0")
+    commit = git(dep, "rev-parse", "HEAD")
+    tree = git(dep, "rev-parse", "HEAD^{tree}")
+    externals = root / "externals"
+    externals.mkdir()
+    subprocess.run(["git", "-C", str(dep), "archive", "--format=tar.gz",
+                    "--prefix=tinydep-1.0/", "-o", str(externals / "tinydep-1.0.tar.gz"),
+                    "v1.0"], check=True)
+    top = root / "build" / f"vllm-{ARCHIVE_VERSION.split('+')[0]}"
+    (top / "vllm").mkdir(parents=True)
+    (top / "csrc").mkdir()
+    (top / "setup.py").write_text(ARCHIVE_SETUP_PY)
+    (top / "pyproject.toml").write_text(ARCHIVE_PYPROJECT)
+    (top / "CMakeLists.txt").write_text(ARCHIVE_CMAKE.lstrip("\n"))
+    (top / "csrc" / "ops.c").write_text(ARCHIVE_OPS_C)
+    (top / "vllm" / "__init__.py").write_text(INIT_PY)
+    (top / "vllm" / "_version.py").write_text(
+        f"__version__ = version = '{ARCHIVE_VERSION}'\n"
+        f"__commit_id__ = commit_id = 'g{ARCHIVE_COMMIT[:9]}'\n")
+    (top / "PKG-INFO").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: "
+                                  f"{ARCHIVE_VERSION}\n")
+    archive = root / f"vllm-{ARCHIVE_VERSION.split('+')[0]}.tar.gz"
+    _tar(top, archive)
+    patch = root / "pins" / "patches" / "floor.patch"
+    patch.parent.mkdir(parents=True)
+    patch.write_text(floor_patch())
+    return Sdist(archive, hashlib.sha256(archive.read_bytes()).hexdigest(), externals,
+                 commit, tree, patch, hashlib.sha256(patch.read_bytes()).hexdigest())
+
+
+def sdist_pin_text(s: Sdist, *, patches: str | None = None, tree: str | None = None,
+                   lock: str = UNESTABLISHED_LOCK) -> str:
+    """The archive pin (in ``s.patch``'s pins/ folder): the sdist by sha256, tinydep by its
+    tree, the floor patch where the C compiler is below 99.0 (``patches``: other
+    [[patches]] tables instead)."""
+    if patches is None:
+        patches = f"""
+[[patches]]
+file = "patches/floor.patch"
+sha256 = "{s.patch_sha256}"
+reason = "no compiler is 99.0: the test package's floor, lowered"
+when = "cc < 99.0"
+"""
+    return f"""
+schema = 1
+id = "srcarchive"
+python = "3.11"
+lock = {lock}
+
+[vllm]
+kind = "archive"
+url = "{s.archive.as_uri()}"
+filename = "{s.archive.name}"
+sha256 = "{s.sha256}"
+commit_id = "{ARCHIVE_COMMIT[:9]}"
+commit = "{ARCHIVE_COMMIT}"
+runtime_version = "{ARCHIVE_VERSION}"
+distribution = "vllm"
+
+[build]
+cmake_args = ["-DFETCHCONTENT_FULLY_DISCONNECTED=ON"]
+build_requirements = "auto"
+pip = "26.0.1"
+
+[[externals]]
+name = "tinydep"
+repository = "https://github.com/example/tinydep.git"
+src_dir_var = "FETCHCONTENT_SOURCE_DIR_TINYDEP"
+tag = "v1.0"
+commit = "{s.tinydep_commit}"
+tree = "{tree or s.tinydep_tree}"
+devices = ["cpu"]
+{patches}
+[targets.cpu]
+device = "cpu"
+machine = "x86_64"
+kernel_check = "extension"
+"""
+
+
+def write_sdist_pin(s: Sdist, **kw: str) -> Path:
+    path = s.patch.parent.parent / "srcarchive.toml"
+    path.write_text(sdist_pin_text(s, **kw))
+    return path

@@ -20,7 +20,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from oracle_build import devices
-from oracle_build.contracts.pins import GitSource, Pin, Target
+from oracle_build.contracts.pins import ArchiveSource, GitSource, Pin, Target
 from oracle_build.contracts.probe import ProbeFacts
 from oracle_build.contracts.record import load_record
 from oracle_build.core import layout, verdicts
@@ -43,6 +43,8 @@ class Identity:
     mismatches: list[tuple[str, str, str]] = field(default_factory=list)
     compiled_sm: list[str] | None = None
     files: inventory.Check | None = None
+    # the pin's patches this oracle's source was built with (its build record's), by file
+    patches: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -66,6 +68,7 @@ class Identity:
                        "seconds": round(self.files.seconds, 3)} if self.files else None),
             "distributions": {k: v["version"] for k, v in
                               sorted(self.facts.get("distributions", {}).items())},
+            "patches": list(self.patches),
             "mismatches": [{"field": f, "expected": e, "found": g} for f, e, g in self.mismatches],
         }
 
@@ -82,8 +85,10 @@ class Identity:
     def block(self) -> str:
         s = {k: as_data(str(v)) if v else v for k, v in self.summary().items()
              if isinstance(v, str | int | float) or v is None}
+        patched = (f" ({len(self.patches)} patch{'es' if len(self.patches) != 1 else ''})"
+                   if self.patches else "")
         lines = [
-            f"vllm {s['vllm'] or '-'}   transformers {s['transformers'] or '-'}   "
+            f"vllm {s['vllm'] or '-'}{patched}   transformers {s['transformers'] or '-'}   "
             f"flashinfer {s['flashinfer'] or '-'}",
             f"torch {s['torch'] or '-'}   {s['device']}",
             f"vllm_file {s['vllm_file'] or '-'}",
@@ -184,6 +189,15 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any],
             if commit_id and not src.commit.startswith(commit_id.removeprefix("g")):
                 bad.append(("vllm/_version.py __commit_id__", f"g<prefix of {src.commit}>",
                             commit_id))
+        if isinstance(src, ArchiveSource):
+            # setup.py rewrites vllm/_version.py from the sdist's PKG-INFO (commit None):
+            # the commit is the archive's, which the source step checked and the record holds
+            commit_id = package.get("commit_id")
+            found = commit_id.removeprefix("g") if commit_id else None
+            if found and not (found.startswith(src.commit_id)
+                              or src.commit_id.startswith(found)):
+                bad.append(("vllm/_version.py __commit_id__", f"g{src.commit_id}", str(commit_id)))
+        if isinstance(src, GitSource | ArchiveSource):
             decision = pin.model.build.rust_frontend
             if decision is not None and bool(package.get("rust_frontend")) != (
                     decision == "build"):
@@ -267,10 +281,52 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
             ident.mismatches += inventory.check_startup(recorded,
                                                         inventory.outside_startup(facts, venv))
             ident.mismatches += record_checks(venv, facts)
+            ident.mismatches += source_record_checks(pin, venv)
+        ident.patches = applied_patches(venv)
     libs = [e["path"] for e in facts.get("extensions", [])]
     ident.compiled_sm, problems = devices.module(target).compiled(target, libs)
     ident.mismatches += problems
     return ident
+
+
+def source_record_checks(pin: Pin, venv: Path) -> list[tuple[str, str, str]]:
+    """A release archive's build: the record (anchored: never edited after publish) names
+    the pin's archive, by sha256, with the commit its vllm/_version.py recorded, and the
+    pin's patches as they were decided (a patch file since changed is another source)."""
+    src = pin.model.vllm
+    if not isinstance(src, ArchiveSource):
+        return []
+    try:
+        record = load_record(OracleVenv(venv).record_path)
+    except (BadInput, OSError):
+        return []  # the record's own checks say what is wrong with it
+    bad: list[tuple[str, str, str]] = []
+    if record.archive is None:
+        return [("source archive (build record)", f"{src.filename} sha256 {src.sha256}",
+                 "not recorded: not built from the pin's archive")]
+    if record.archive.sha256 != src.sha256:
+        bad.append(("source archive (build record)", f"sha256 {src.sha256}",
+                    f"sha256 {record.archive.sha256}"))
+    found = (record.archive.commit_id or "").removeprefix("g")
+    if not found or not (found.startswith(src.commit_id) or src.commit_id.startswith(found)):
+        bad.append(("vllm commit (the archive's vllm/_version.py, build record)",
+                    f"g{src.commit_id}", record.archive.commit_id or "none"))
+    pinned = {p.file: p.sha256 for p in pin.model.patches}
+    for patch in record.patches or []:
+        if patch.applied and pinned.get(patch.file) != patch.sha256:
+            bad.append((f"patch {patch.file} (build record)",
+                        f"sha256 {pinned.get(patch.file) or '(not in the pin)'}",
+                        f"sha256 {patch.sha256}"))
+    return bad
+
+
+def applied_patches(venv: Path) -> list[str]:
+    """The patches the build record says were applied to this oracle's source."""
+    try:
+        record = load_record(OracleVenv(venv).record_path)
+    except (BadInput, OSError):
+        return []
+    return [p.file for p in record.patches or [] if p.applied]
 
 
 def outside_libraries(facts: dict[str, Any]) -> dict[str, str]:
@@ -330,7 +386,7 @@ def relocated(pin: Pin, target: Target, ident: Identity, old: Path, new: Path) -
     prefix, origin = OracleVenv(new).locate()
     moved = replace_path(ident.facts, old, new)
     result = Identity(venv=new, facts=moved, device=ident.device,
-                      compiled_sm=ident.compiled_sm)
+                      compiled_sm=ident.compiled_sm, patches=list(ident.patches))
     result.mismatches = compare(pin, target, new, moved)
     if prefix != os.path.realpath(new):
         result.mismatches.append(("sys.prefix (after the move)", os.path.realpath(new),

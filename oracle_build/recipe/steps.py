@@ -322,7 +322,8 @@ def toolchain_(state: BuildState, step: Step) -> None:
             hint=(f"this pin's patch {lifting[0]} lifts it where its `when` holds"
                   if lifting else "a patch recorded in the pin ([[patches]]) that lowers the "
                   "floor, with its reason and a `when` on the compiler's version")
-            + "; or name a newer compiler: [build] cxx (Debian 13's g++ is 12.4)")
+            + f"; or name a newer compiler in the pin: [build] {first.floor.lang} = \"...\" "
+            "(Debian 13's gcc-12 and g++-12 are 12.4)")
     for role, tool in p.compilers.items():
         if tool.path is None:
             raise PreflightFailed(f"no {role} compiler: {tool.asked} is not on PATH",
@@ -558,6 +559,7 @@ def identity_(state: BuildState, step: Step) -> None:
             stop.set()  # a failed or interrupted step does not wait for 3 GB of hashing
             raise
         state.hashed = hashing.result()
+    ident.patches = [f.file for f in state.facts.patches or [] if f.applied]
     if not ident.ok:
         raise IdentityMismatch(ident.mismatches, where=str(p.staging_venv))
     state.identity = ident
