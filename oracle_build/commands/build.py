@@ -82,6 +82,15 @@ def run_build(args: argparse.Namespace) -> int:
         else:
             print(p.render())
         return EXIT_OK
+    if args.stop_after:
+        seconds = recipe.build_until(
+            pin, target, args.stop_after, home=home, wheelhouse_root=wheelhouse,
+            mirror=mirror, externals_dir=ext_dir,
+            checkout=Path(args.checkout).resolve() if args.checkout else None,
+            compiler_cache=not args.no_compiler_cache, wait=not args.no_wait)
+        say(f"stopped after {args.stop_after} in {seconds:.1f}s, as asked (no oracle "
+            "published)")
+        return EXIT_OK
     opts = cache_options(args, required=False)
     fill = None
     if opts is not None:
@@ -92,12 +101,7 @@ def run_build(args: argparse.Namespace) -> int:
                                   checkout=Path(args.checkout).resolve() if args.checkout else None,
                                   rebuild=args.rebuild,
                                   wait=not args.no_wait, fill_wheelhouse=fill,
-                                  compiler_cache=not args.no_compiler_cache,
-                                  stop_after=args.stop_after)
-    if outcome.identity is None:
-        say(f"stopped after {outcome.stopped} in {outcome.seconds:.1f}s, as asked (no oracle "
-            "published)")
-        return EXIT_OK
+                                  compiler_cache=not args.no_compiler_cache)
     print_identity(outcome.identity, args.json)
     if not outcome.built:
         say(f"identity re-checked in {outcome.seconds:.1f}s (nothing rebuilt)")

@@ -23,7 +23,7 @@ from oracle_build.oracle.venv import OracleVenv
 from oracle_build.recipe.plan import Plan, plan
 from oracle_build.recipe.steps import run
 
-__all__ = ["BuildOutcome", "Plan", "build_oracle", "plan", "run"]
+__all__ = ["BuildOutcome", "Plan", "build_oracle", "build_until", "plan", "run"]
 
 
 def record_schema(oracle: OracleVenv) -> int:
@@ -37,10 +37,9 @@ def record_schema(oracle: OracleVenv) -> int:
 
 @dataclass
 class BuildOutcome:
-    identity: identity.Identity | None  # None when the build stopped as asked
+    identity: identity.Identity
     built: bool
     seconds: float
-    stopped: str | None = None  # the step (or point) it stopped after (--stop-after)
 
 
 def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
@@ -48,12 +47,11 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
                  checkout: Path | None = None, rebuild: bool = False,
                  wait: bool = True,
                  fill_wheelhouse: Callable[[], None] | None = None,
-                 compiler_cache: bool = True, stop_after: str | None = None) -> BuildOutcome:
+                 compiler_cache: bool = True) -> BuildOutcome:
     """The pin's oracle for this target: re-checked if in place, else built and published.
     ``fill_wheelhouse``: called under the build lock before a build is planned (the oracle
     cache's pull), so the plan takes what it put there. ``compiler_cache``: False compiles
-    every object anew. ``stop_after``: run the plan up to that step (or "configure") and
-    publish nothing, whatever is in place."""
+    every object anew."""
     start = time.monotonic()
     oracle = OracleVenv(layout.oracle_path(home, pin.key))
     target = pin.target(target_name)
@@ -71,7 +69,7 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
             say(f"{oracle.path} was built by an earlier oracle-build (build record schema "
                 f"{record_schema(oracle)}: its identity covers less than this one checks): "
                 f"moved to {aside}; building it again, from the wheelhouse where it can")
-        if oracle.exists() and not rebuild and stop_after is None:
+        if oracle.exists() and not rebuild:
             say(f"oracle already at {oracle.path}; re-checking its identity (every file "
                 "hashed)")
             ident = identity.check(pin, target, oracle.path, deep=True)
@@ -85,10 +83,25 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
             fill_wheelhouse()
         p = plan(pin, target_name, home=home, wheelhouse_root=wheelhouse_root, mirror=mirror,
                  externals_dir=externals_dir, checkout=checkout,
-                 compiler_cache=compiler_cache, stop_after=stop_after)
+                 compiler_cache=compiler_cache)
         say(p.render())
         made = run(p)
-        if made is None:
-            return BuildOutcome(None, False, time.monotonic() - start, stopped=stop_after)
+        assert made is not None  # a plan without stop_after runs to its publish
         say(f"built in {fmt_seconds(time.monotonic() - start)}; record: {oracle.record_path}")
         return BuildOutcome(made, True, time.monotonic() - start)
+
+
+def build_until(pin: Pin, target_name: str, stop_after: str, *, home: Path,
+                wheelhouse_root: Path, mirror: str | None = None,
+                externals_dir: Path | None = None, checkout: Path | None = None,
+                compiler_cache: bool = True, wait: bool = True) -> float:
+    """The build of the pin's oracle up to ``stop_after`` (a step's name, or "configure"),
+    whatever is in place, under the same lock; nothing is published. Its seconds."""
+    start = time.monotonic()
+    with held(layout.build_lock(home, pin.key), what=f"build_oracle {pin.key}", wait=wait):
+        p = plan(pin, target_name, home=home, wheelhouse_root=wheelhouse_root, mirror=mirror,
+                 externals_dir=externals_dir, checkout=checkout,
+                 compiler_cache=compiler_cache, stop_after=stop_after)
+        say(p.render())
+        run(p)
+    return time.monotonic() - start
