@@ -13,44 +13,20 @@ import os
 import platform
 import socket
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from oracle_build import __version__
+from oracle_build import __version__, devices
 from oracle_build.core import proc
+from oracle_build.devices import Hold
+from oracle_build.devices.base import Gpu, Host
+
+if TYPE_CHECKING:
+    from oracle_build.contracts.pins import Target
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@dataclass(frozen=True)
-class Gpu:
-    name: str
-    compute_capability: str  # NVIDIA's "12.1"; "" for an AMD GPU
-    driver: str
-    arch: str | None = None  # AMD's gfx name ("gfx1100"); None for NVIDIA
-    vendor: str = "nvidia"
-
-
-@dataclass(frozen=True)
-class Host:
-    machine: str
-    system: str
-    gpus: tuple[Gpu, ...]
-    mem_available_bytes: int | None
-    mem_total_bytes: int | None
-    cpu_variant: str | None = None
-    cpu_flags: frozenset[str] = frozenset()
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["cpu_flags"] = sorted(self.cpu_flags)
-        return out
-
-    @property
-    def driver(self) -> str | None:
-        return self.gpus[0].driver if self.gpus else None
 
 
 def meminfo(path: Path = Path("/proc/meminfo")) -> dict[str, int]:
@@ -124,7 +100,6 @@ def host() -> Host:
     info = meminfo()
     machine = platform.machine()
     flags = cpu_flags()
-    from oracle_build import devices  # each device finds its own GPUs (nvidia-smi, rocminfo)
 
     return Host(machine=machine, system=platform.system(), gpus=devices.detect_gpus(),
                 mem_available_bytes=info.get("MemAvailable"),
@@ -145,7 +120,6 @@ def facts(build_env: dict[str, str] | None = None) -> dict[str, Any]:
 
 @cache
 def _facts(build_env: tuple[tuple[str, str], ...]) -> dict[str, Any]:
-    from oracle_build import devices
 
     h = host()
     return {
@@ -178,3 +152,20 @@ def tool_facts() -> dict[str, Any]:
             commit = head.output.strip() + ("-dirty" if dirty.output.strip() else "")
     return {"name": "oracle-build", "version": __version__, "git_commit": commit,
             "python": sys.version.split()[0]}
+
+
+__all__ = ["Gpu", "Host", "hold", "host", "missing_instructions"]
+
+
+def hold(target: Target, asked: str | None = None) -> Hold:
+    """The CPU kernel variant this host's runs of ``target`` are held to: ``asked`` (a
+    golden's recorded variant, ``--kernel-variant``) or the pin target's (PreflightFailed
+    when this host's CPU lacks its instructions)."""
+    h = host()
+    return devices.module(target).hold(target, asked, h.cpu_flags, h.cpu_variant)
+
+
+def missing_instructions(target: Target, asked: str | None = None) -> list[str]:
+    """The instructions the variant ``asked`` (default: the pin target's) needs that this
+    host's CPU lacks; [] when it can run it, or the target holds no CPU variant."""
+    return devices.module(target).missing_instructions(target, asked, host().cpu_flags)

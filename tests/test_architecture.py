@@ -166,7 +166,7 @@ def test_the_page_has_one_renderer_of_a_cell_and_escapes_by_default() -> None:
 # The layers of docs/architecture.md, from the base up: a module imports only from its own
 # layer or below (an import under TYPE_CHECKING is a type, not a dependency).
 LAYERS = [
-    ("", "core"), ("contracts",), ("host", "devices"),
+    ("", "core"), ("contracts",), ("devices",), ("host",),
     ("oracle.venv", "oracle.inventory", "oracle.identity"), ("engine.host", "engine.caches"),
     ("oracle.opening",),
     ("engine.session", "engine.runs", "checkpoints", "recipe", "cache", "judge", "goldens"),
@@ -215,3 +215,85 @@ def test_imports_run_one_way() -> None:
     assert not upward, upward
     # the check is real: a contract importing a service is caught
     assert layer("oracle_build.services.verify") > layer("oracle_build.contracts.golden")
+
+
+def all_imports_of(path: Path) -> set[str]:
+    """Every harness module ``path`` imports: at the top, inside a function, or under
+    TYPE_CHECKING alike (a reader follows each of them; a deferred import only hides a
+    circle from Python)."""
+    tree = ast.parse(path.read_text())
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and \
+                (node.module or "").startswith("oracle_build"):
+            folder = REPO.joinpath(*str(node.module).split("."))
+            subs = [f"{node.module}.{a.name}" for a in node.names
+                    if (folder / f"{a.name}.py").exists() or (folder / a.name).is_dir()]
+            out.update(subs or [str(node.module)])
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("oracle_build"))
+    return out
+
+
+def module_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(REPO).with_suffix("")
+        me = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        graph[me] = {m for m in all_imports_of(path) if m != me}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    import sys
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10_000))
+    try:
+        for v in sorted(graph):
+            if v not in index:
+                visit(v)
+    finally:
+        sys.setrecursionlimit(limit)
+    return out
+
+
+def test_no_import_cycle_even_deferred() -> None:
+    """No circle of imports, counting those under TYPE_CHECKING and inside functions
+    (issue 43 item 8: devices, recipe, oracle and host once made a circle of twelve files,
+    hidden from Python by deferred imports). A device describes (facts, flags, checks); the
+    recipe plans with them; host asks the devices what they find."""
+    found = cycles(module_graph())
+    assert not found, found
+    # the check is real: a deferred import back up the layers is a cycle
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oracle_build import devices, host
+from oracle_build import host
 from oracle_build.checkpoints import families
 from oracle_build.cli import main
 from oracle_build.contracts.spec import GENERATED_MODELS, load_spec
@@ -269,7 +269,7 @@ def test_other_held_variant_sets_verify_bit_for_bit_or_say_why(
     without)."""
     battery = copy_battery(tmp_path)
     variant = "x86_64-avx512_bf16"
-    lacking = devices.missing_instructions(cpu_oracle.pin.target("cpu"), variant)
+    lacking = host.missing_instructions(cpu_oracle.pin.target("cpu"), variant)
     capsys.readouterr()
     code = main(["numerics", "--home", str(cpu_oracle.home), "--battery", str(battery),
                  "--kernel-variant", variant, "--only", "gemma2"])

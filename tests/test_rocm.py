@@ -306,11 +306,11 @@ def test_rocm_preflight_reads_hipcc(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert rocm.hip_version((DATA / "hipcc-version.txt").read_text()) == "7.2.53211"
     p.build_env["ROCM_HOME"] = str(rocm_home)
     with pytest.raises(PreflightFailed, match="no AMD GPU answers"):
-        rocm.DEVICE.preflight(p, {})  # the point where hardware is needed
+        rocm.DEVICE.preflight(p, {}, host.host())  # the point where hardware is needed
     hipcc.write_text("#!/bin/sh\necho 'HIP version: 7.1.40091-abc'\n")
     with pytest.raises(PreflightFailed, match=re.escape(
             "reports HIP 7.1.40091; target gfx1100 pins HIP 7.2")):
-        rocm.DEVICE.preflight(p, {})
+        rocm.DEVICE.preflight(p, {}, host.host())
     hipcc.unlink()
     with pytest.raises(PreflightFailed, match="no hipcc under ROCM_HOME"):
-        rocm.DEVICE.preflight(p, {})
+        rocm.DEVICE.preflight(p, {}, host.host())

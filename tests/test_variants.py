@@ -215,7 +215,7 @@ def test_identity_proves_the_held_variant_from_the_process(cpu_oracle: BuiltOrac
     assert real["_is_avx512_supported"] == all(
         f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
     # claim AVX-512, apply AVX2: the process's own facts give it away
-    avx2 = devices.hold(target)
+    avx2 = host.hold(target)
     lying = devices.Hold(requested="x86_64-avx512", variant="x86_64-avx512", env=avx2.env,
                          inside=avx2.inside, library="_C_AVX512", torch_capability="AVX512")
     wrong = identity.check(pin, target, cpu_oracle.venv, hold=lying)
@@ -235,7 +235,7 @@ def test_another_variant_than_the_goldens_is_a_configuration_difference(
     request is refused naming the flags it lacks (exit 11), with no engine run."""
     folder = copy_tree_for_golden(tmp_path)
     others = [v for v in cpu.VARIANTS if v != "x86_64-avx2"
-              and not devices.missing_instructions(cpu_oracle.pin.target("cpu"), v)]
+              and not host.missing_instructions(cpu_oracle.pin.target("cpu"), v)]
     asked = others[-1] if others else "x86_64-avx512"
     capsys.readouterr()
     code = main(["verify", str(folder), "--kernel-variant", asked, "--home",

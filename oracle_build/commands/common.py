@@ -47,8 +47,8 @@ PINS_DIR = Path("pins")
 
 def find_default_pin() -> Path:
     """The pin under ./pins (not its subfolders: pins/previous holds older pins kept for
-    `diff`) that has a target for this host, GPU pins first. Two that fit equally well are
-    an error, never a silent alphabetical choice."""
+    `diff`; not a pin that says `default = false`) that has a target for this host, GPU pins
+    first. Two that fit equally well are an error, never a silent alphabetical choice."""
     from oracle_build import host
     from oracle_build.contracts.pins import load_pin
 
@@ -62,6 +62,8 @@ def find_default_pin() -> Path:
     candidates: list[tuple[int, Path]] = []
     for path in sorted(PINS_DIR.glob("*.toml")):
         pin = load_pin(path)
+        if not pin.model.default:
+            continue
         for target in pin.model.targets.values():
             if devices.fits(target, here)[0]:
                 candidates.append((devices.gpu_first(target), path))

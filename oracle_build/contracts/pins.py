@@ -422,6 +422,9 @@ class PinModel(Strict):
     externals: list[External] = Field(default_factory=list)
     patches: list[Patch] = Field(default_factory=list)
     targets: dict[SafeName, Target]
+    # false: never the pin a command picks without --pin (a second pin for the same hosts,
+    # such as the source build of the default's vLLM); how it is chosen, not what it builds
+    default: bool = True
 
     @model_validator(mode="after")
     def _checks(self) -> PinModel:
@@ -613,6 +616,7 @@ def hashed_form(model: PinModel) -> dict[str, Any]:
     fields added after schema 1 while they are unset, so a pin that does not use them keeps
     its hash (its oracle's key, its wheelhouse, the pin_hash its goldens record)."""
     data: dict[str, Any] = model.model_dump(mode="json", by_alias=True)
+    data.pop("default", None)  # how the pin is chosen, not what it builds
     if data["build"].get("rust_frontend") is None:
         data["build"].pop("rust_frontend", None)
     for name in ("cc", "cxx"):

@@ -15,15 +15,23 @@ from typing import TYPE_CHECKING, Any
 
 from oracle_build.core.errors import PreflightFailed
 from oracle_build.devices import cpu, cuda, rocm
-from oracle_build.devices.base import NO_HOLD, Device, Hold, Mismatch, wheel_libraries
+from oracle_build.devices.base import (
+    NO_HOLD,
+    Build,
+    Device,
+    Gpu,
+    Hold,
+    Host,
+    Mismatch,
+    wheel_libraries,
+)
 
 if TYPE_CHECKING:
     from oracle_build.contracts.pins import Pin, Target
-    from oracle_build.host import Gpu, Host
 
-__all__ = ["MODULES", "NO_HOLD", "Device", "Hold", "Mismatch", "choose_target",
-           "cmake_known", "default_gpu", "detect_gpus", "fits", "gpu_first", "held_name",
-           "hold", "host_facts", "known_variants", "missing_instructions", "module", "names",
+__all__ = ["MODULES", "NO_HOLD", "Build", "Device", "Gpu", "Hold", "Host", "Mismatch",
+           "choose_target", "cmake_known", "default_gpu", "detect_gpus", "fits", "gpu_first",
+           "held_name", "host_facts", "known_variants", "module", "names",
            "variant_mismatches", "version_hints", "wheel_libraries"]
 
 MODULES: dict[str, Device] = {d.NAME: d for d in (cpu.DEVICE, cuda.DEVICE, rocm.DEVICE)}
@@ -85,16 +93,6 @@ def cmake_known(device: str, machine: str) -> dict[str, str | None]:
     }
 
 
-def hold(target: Target, asked: str | None = None) -> Hold:
-    """The CPU kernel variant this host's runs of ``target`` are held to: ``asked`` (a
-    golden's recorded variant, ``--kernel-variant``) or the pin target's (PreflightFailed
-    when this host's CPU lacks its instructions)."""
-    from oracle_build import host
-
-    h = host.host()
-    return module(target).hold(target, asked, h.cpu_flags, h.cpu_variant)
-
-
 def held_name(target: Target, asked: str | None = None) -> str | None:
     """The name of the variant ``hold`` would hold (no host check): a key for opened oracles."""
     return module(target).held_name(target, asked)
@@ -103,14 +101,6 @@ def held_name(target: Target, asked: str | None = None) -> str | None:
 def known_variants(target: Target) -> list[str]:
     """The CPU kernel variants ``target``'s engines may be held to ([] on a GPU target)."""
     return module(target).known_variants(target)
-
-
-def missing_instructions(target: Target, asked: str | None = None) -> list[str]:
-    """The instructions the variant ``asked`` (default: the pin target's) needs that this
-    host's CPU lacks; [] when it can run it, or the target holds no CPU variant."""
-    from oracle_build import host
-
-    return module(target).missing_instructions(target, asked, host.host().cpu_flags)
 
 
 def variant_mismatches(target: Target, kernels: dict[str, Any], held: Hold) -> list[Mismatch]:

@@ -6,20 +6,67 @@ from __future__ import annotations
 import re
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from oracle_build.core.errors import PreflightFailed
 
 if TYPE_CHECKING:
     from oracle_build.contracts.pins import Target
-    from oracle_build.host import Gpu, Host
-    from oracle_build.recipe.plan import Plan
 
 Mismatch = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    compute_capability: str  # NVIDIA's "12.1"; "" for an AMD GPU
+    driver: str
+    arch: str | None = None  # AMD's gfx name ("gfx1100"); None for NVIDIA
+    vendor: str = "nvidia"
+
+
+@dataclass(frozen=True)
+class Host:
+    """A host as the devices see it (host.py detects this one, once: it asks each device
+    for its GPUs)."""
+
+    machine: str
+    system: str
+    gpus: tuple[Gpu, ...]
+    mem_available_bytes: int | None
+    mem_total_bytes: int | None
+    cpu_variant: str | None = None
+    cpu_flags: frozenset[str] = frozenset()
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["cpu_flags"] = sorted(self.cpu_flags)
+        return out
+
+    @property
+    def driver(self) -> str | None:
+        return self.gpus[0].driver if self.gpus else None
+
+
+class Build(Protocol):
+    """What a device reads of a build it checks (the recipe's plan is one): a device
+    describes, the recipe plans with it, so a device never imports the recipe."""
+
+    @property
+    def target(self) -> Target: ...
+
+    @property
+    def target_name(self) -> str: ...
+
+    @property
+    def build_env(self) -> Mapping[str, str]: ...
+
+    @property
+    def log(self) -> Path: ...
 
 
 @dataclass(frozen=True)
@@ -76,14 +123,14 @@ class Device:
         """Add to the wheel build's environment (the pin's and the target's build_env
         already in it) what the target's own fields imply."""
 
-    def preflight(self, plan: Plan, facts: dict[str, Any]) -> None:
+    def preflight(self, plan: Build, facts: dict[str, Any], h: Host) -> None:
         """Refuse a build this host cannot do (PreflightFailed); record what was checked."""
 
     def wheel_check_about(self, target: Target) -> str:
         """What check-wheel checks beyond the version ('' when nothing)."""
         return ""
 
-    def check_wheel(self, plan: Plan, libraries: list[Path],
+    def check_wheel(self, plan: Build, libraries: list[Path],
                     root: Path) -> dict[str, Any] | None:
         """The built wheel's compiled code against the target (BuildFailed); its facts."""
         return None

@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from oracle_build.core.env import CPU_NUMERICS
 from oracle_build.core.errors import BuildFailed, PreflightFailed
-from oracle_build.devices.base import Device, Hold, Mismatch
+from oracle_build.devices.base import Build, Device, Hold, Mismatch
 
 if TYPE_CHECKING:
     from oracle_build.contracts.pins import Target
-    from oracle_build.recipe.plan import Plan
 
 # The pin's word for "whatever this host's CPU calls for" (today's behaviour before holding).
 NATIVE = "native"
@@ -179,7 +178,7 @@ class Cpu(Device):
         return ("; it holds the three x86 kernel libraries (" + ", ".join(
             f"vllm/{n}" for n in X86_KERNEL_LIBRARIES) + ")")
 
-    def check_wheel(self, plan: Plan, libraries: list[Path],
+    def check_wheel(self, plan: Build, libraries: list[Path],
                     root: Path) -> dict[str, Any] | None:
         names = kernel_libraries([str(p.relative_to(root)) for p in libraries])
         target = plan.target

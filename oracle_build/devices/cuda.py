@@ -12,17 +12,22 @@ from os import environ
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from oracle_build import host
 from oracle_build.contracts.pins import CudaTarget
 from oracle_build.core import proc
 from oracle_build.core.errors import BuildFailed, PreflightFailed
-from oracle_build.devices.base import Device, Hold, Mismatch, first_gpu, torch_facts
-from oracle_build.host import Gpu
+from oracle_build.devices.base import (
+    Build,
+    Device,
+    Gpu,
+    Hold,
+    Host,
+    Mismatch,
+    first_gpu,
+    torch_facts,
+)
 
 if TYPE_CHECKING:
     from oracle_build.contracts.pins import Target
-    from oracle_build.host import Host
-    from oracle_build.recipe.plan import Plan
 
 
 def _cuda(target: Target) -> CudaTarget:
@@ -90,22 +95,22 @@ class Cuda(Device):
     def build_env(self, target: Target, env: dict[str, str]) -> None:
         env["TORCH_CUDA_ARCH_LIST"] = _cuda(target).torch_cuda_arch_list
 
-    def preflight(self, plan: Plan, facts: dict[str, Any]) -> None:
+    def preflight(self, plan: Build, facts: dict[str, Any], h: Host) -> None:
         cuda_home = plan.build_env.get("CUDA_HOME") or environ.get("CUDA_HOME")
         if not cuda_home or not (Path(cuda_home) / "bin" / "nvcc").exists():
             raise PreflightFailed(f"no nvcc under CUDA_HOME={cuda_home}",
                                   hint="install the CUDA 13 toolkit or fix "
                                   "[build.env].CUDA_HOME")
         facts["nvcc"] = nvcc_version(cuda_home)
-        facts["driver"] = host.host().driver
-        if not host.host().gpus:
+        facts["driver"] = h.driver
+        if not h.gpus:
             raise PreflightFailed("no NVIDIA driver answers (nvidia-smi)")
 
     def wheel_check_about(self, target: Target) -> str:
         return ("; the sm_XX set in the configure log and in the built libraries "
                 "(cuobjdump --list-elf) is the target's")
 
-    def check_wheel(self, plan: Plan, libraries: list[Path],
+    def check_wheel(self, plan: Build, libraries: list[Path],
                     root: Path) -> dict[str, Any] | None:
         target = _cuda(plan.target)
         cfg = configure_arches(plan.log.read_text(errors="replace"))

@@ -24,18 +24,23 @@ from os import environ
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from oracle_build import host
 from oracle_build.contracts.pins import RocmTarget
 from oracle_build.core import env as envmod
 from oracle_build.core import proc
 from oracle_build.core.errors import BuildFailed, PreflightFailed
-from oracle_build.devices.base import Device, Hold, Mismatch, first_gpu, torch_facts
-from oracle_build.host import Gpu
+from oracle_build.devices.base import (
+    Build,
+    Device,
+    Gpu,
+    Hold,
+    Host,
+    Mismatch,
+    first_gpu,
+    torch_facts,
+)
 
 if TYPE_CHECKING:
     from oracle_build.contracts.pins import Target
-    from oracle_build.host import Host
-    from oracle_build.recipe.plan import Plan
 
 DEFAULT_ROCM_HOME = "/opt/rocm"
 
@@ -223,7 +228,7 @@ class Rocm(Device):
         env["PYTORCH_ROCM_ARCH"] = t.pytorch_rocm_arch
         env.setdefault("ROCM_HOME", t.rocm_home or DEFAULT_ROCM_HOME)
 
-    def preflight(self, plan: Plan, facts: dict[str, Any]) -> None:
+    def preflight(self, plan: Build, facts: dict[str, Any], h: Host) -> None:
         """hipcc under ROCM_HOME and its HIP version (the pin's), and an amdgpu driver that
         answers with an AMD GPU."""
         t = _rocm(plan.target)
@@ -242,7 +247,7 @@ class Rocm(Device):
                                   f"target {plan.target_name} pins HIP {want}",
                                   hint="use the ROCm userland the pin names (the ROCm base "
                                   "container's tag)")
-        amd = [g for g in host.host().gpus if g.vendor == "amd"]
+        amd = [g for g in h.gpus if g.vendor == "amd"]
         if not amd:
             raise PreflightFailed("no AMD GPU answers (rocminfo, amd-smi): is the amdgpu "
                                   "driver loaded and /dev/kfd passed into the container?")
@@ -253,7 +258,7 @@ class Rocm(Device):
         return ("; the gfx set in the built libraries' offload bundles is exactly "
                 f"{', '.join(_rocm(target).expected_gfx)}")
 
-    def check_wheel(self, plan: Plan, libraries: list[Path],
+    def check_wheel(self, plan: Build, libraries: list[Path],
                     root: Path) -> dict[str, Any] | None:
         """The wheel's HIP offload bundles hold code for exactly the target's gfx set."""
         t = _rocm(plan.target)

@@ -19,7 +19,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from oracle_build import devices
+from oracle_build import devices, host
 from oracle_build.contracts.pins import ArchiveSource, GitSource, Pin, Target
 from oracle_build.contracts.probe import ProbeFacts
 from oracle_build.contracts.record import load_record
@@ -111,7 +111,7 @@ def run_probe(venv: Path, target: Target, *, log: Path | None = None,
               timeout: float = 600, hold: Hold | None = None) -> dict[str, Any]:
     """The facts ``inside/probe.py`` gathers, run by the venv's own python (held to
     ``hold``'s kernel variant: the pin target's when not given)."""
-    hold = hold if hold is not None else devices.hold(target)
+    hold = hold if hold is not None else host.hold(target)
     answer = OracleVenv(venv).run_inside(
         "probe.py", probe_args(target), env={**target.env, **hold.env}, log=log,
         what="identity probe",
@@ -148,7 +148,7 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any],
             hold: Hold | None = None) -> list[tuple[str, str, str]]:
     """Every way the facts differ from the pin, as (field, expected, found)."""
     bad: list[tuple[str, str, str]] = []
-    hold = hold if hold is not None else devices.hold(target)
+    hold = hold if hold is not None else host.hold(target)
     py = facts["python"]
     expected_prefix = os.path.realpath(venv)
     if venv.is_symlink():
@@ -250,7 +250,7 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
     comparison, made by the caller meanwhile), and the shared libraries the process mapped
     with those the build's process mapped. ``hold``: the CPU kernel variant the process
     must run (default: the pin target's), proved from the process itself."""
-    hold = hold if hold is not None else devices.hold(target)
+    hold = hold if hold is not None else host.hold(target)
     oracle = OracleVenv(venv)
     loaded: tuple[dict[str, Any] | None, list[tuple[str, str, str]]] | None = None
     if facts is None and not staged and files is None and oracle.has_record():

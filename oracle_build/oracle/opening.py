@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oracle_build import devices
+from oracle_build import devices, host
 from oracle_build.contracts.pins import Pin, Target
 from oracle_build.core import layout
 from oracle_build.core.errors import (
@@ -65,7 +65,7 @@ def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
         raise OracleMissing(f"no oracle for pin {pin.id} at {venv.path}",
                             hint="run `nox -s build_oracle` first")
     target = pin.target(target_name)
-    hold = devices.hold(target, variant)
+    hold = host.hold(target, variant)
     say(f"checking oracle identity: {venv.path}"
         + (f" (CPU kernel variant {hold.variant}, held)" if hold.inside else ""))
     hosts: list[EngineHost] = []

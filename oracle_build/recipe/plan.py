@@ -11,9 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from oracle_build import devices
 from oracle_build.contracts.pins import (
@@ -24,19 +22,29 @@ from oracle_build.contracts.pins import (
     Target,
     WheelSource,
 )
-from oracle_build.contracts.probe import ResolvedPlan
 from oracle_build.core import env as envmod
 from oracle_build.core import layout
-from oracle_build.core.files import load_json
-from oracle_build.core.log import fmt_seconds
 from oracle_build.core.proc import Cmd
 from oracle_build.oracle.venv import uv
 from oracle_build.recipe import source, toolchain
+from oracle_build.recipe import steps as act
 from oracle_build.recipe.checkout import KNOWN_SWITCHES, CheckoutFacts, pin_problems, read_checkout
+from oracle_build.recipe.model import (
+    CONFIGURED,
+    DOWNLOAD_LIST,
+    SOURCE_DATE_EPOCH,
+    STOP_POINTS,
+    TORCH_DOWNLOAD_LIST,
+    UV_VERSION,
+    Plan,
+    Step,
+    archive_path,
+    last_times,
+)
 from oracle_build.recipe.wheelhouse import Wheelhouse
 
-if TYPE_CHECKING:
-    from oracle_build.recipe.steps import BuildState
+__all__ = ["UV_VERSION", "Plan", "Step", "fetch_commands", "plan"]
+
 
 # Removed from the wheel build's environment whatever the caller set: each makes the
 # build take kernels from elsewhere or stamp a version it did not compute.
@@ -46,135 +54,6 @@ WHEEL_UNSET = ("VLLM_USE_PRECOMPILED", "SETUPTOOLS_SCM_PRETEND_VERSION",
 # plan's or unset, never the caller's (a CFLAGS of the caller's would change every object)
 FLAGS_UNSET = ("CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CC", "CXX", "CCACHE_DISABLE",
                "CCACHE_RECACHE", "CCACHE_PREFIX", "CCACHE_CONFIGPATH")
-# wheels, archives and bytecode carry this time, not the build's (Debian's reproducible
-# builds; the same value the installs use for bytecode)
-SOURCE_DATE_EPOCH = envmod.BYTECODE["SOURCE_DATE_EPOCH"]
-# CMake's last line of a configure that worked: where `--stop-after configure` ends the build
-CONFIGURED = r"^\s*-- Build files have been written to: "
-STOP_POINTS = ("configure",)
-UV_VERSION = "0.13.9"
-# the staging files the fetch step lists the wheels it downloads in
-DOWNLOAD_LIST = "download.txt"
-TORCH_DOWNLOAD_LIST = "download-torch.txt"
-
-
-@dataclass(frozen=True)
-class Step:
-    name: str
-    about: str
-    action: Callable[[BuildState, Step], None]
-    commands: list[Cmd] = field(default_factory=list)
-    blocked_by: list[str] = field(default_factory=list)  # unestablished pin values it needs
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What a build will do, step by step, and with what: built once (``plan()``), printed
-    by --dry-run, then run as it stands; nothing patches it after."""
-
-    pin: Pin
-    target_name: str
-    target: Target
-    home: Path
-    venv: Path  # final location
-    staging: Path
-    wheelhouse: Wheelhouse
-    mirror: str | None
-    externals_dir: Path | None
-    steps: list[Step]
-    build_env: dict[str, str]
-    from_wheelhouse: bool
-    checkout: Path | None = None  # a tree the plan read its facts from (--checkout)
-    checkout_facts: CheckoutFacts | None = None
-    # what the wheel build removes from its environment (every precompiled switch the
-    # tree reads, as far as the plan knows it)
-    wheel_unset: tuple[str, ...] = ()
-    # a from-source build: the compilers found, the pin's patches decided, the compiler cache
-    compilers: dict[str, toolchain.Compiler] = field(default_factory=dict)
-    patches: list[toolchain.PatchDecision] = field(default_factory=list)
-    compiler_cache: toolchain.CompilerCache | None = None
-    stop_after: str | None = None  # a step's name, or "configure" (inside the wheel step)
-    last_times: dict[str, float] = field(default_factory=dict)  # each step, last time here
-
-    @property
-    def staging_venv(self) -> Path:
-        return self.staging / "venv"
-
-    @property
-    def log(self) -> Path:
-        return self.staging / layout.BUILD_LOG
-
-    def file(self, name: str) -> Path:
-        """A file the build writes into its staging folder (requirement lists)."""
-        return self.staging / name
-
-    def resolved(self) -> dict[str, Any]:
-        """Everything the build is about to use; printed first, recorded last (validated as
-        the model the build record and resolved.json hold)."""
-        src = self.pin.model.vllm
-        return ResolvedPlan.model_validate({
-            "pin": str(self.pin.path),
-            "pin_id": self.pin.id,
-            "pin_hash": self.pin.content_hash,
-            "target": self.target_name,
-            "device": self.target.device,
-            "vllm": (f"git {src.repository} @ {src.commit}" if isinstance(src, GitSource)
-                     else f"archive {src.url} sha256:{src.sha256} (commit {src.commit_id})"
-                     if isinstance(src, ArchiveSource)
-                     else f"wheel {src.distribution}=={src.version} sha256:{src.sha256}"),
-            "expected_runtime_version": self.pin.expected_runtime_version(),
-            "python": self.pin.model.python,
-            "torch": (torch.version if (torch := self.pin.torch_for(self.target)) else None),
-            "expected_distribution_version": self.pin.expected_distribution_version(
-                self.target),
-            "packages": dict(self.pin.model.packages),
-            "venv": str(self.venv),
-            "staging": str(self.staging),
-            "wheelhouse": str(self.wheelhouse.root),
-            "mirror": self.mirror,
-            "externals_dir": str(self.externals_dir) if self.externals_dir else None,
-            "build_env": dict(sorted(self.build_env.items())),
-            "from_wheelhouse": self.from_wheelhouse,
-            "rust_frontend": (self.pin.model.build.rust_frontend
-                              if isinstance(self.pin.model.vllm, FromSource) else None),
-            "checkout": str(self.checkout) if self.checkout else None,
-        }).model_dump(mode="json")
-
-    def render(self) -> str:
-        lines = [f"build plan for pin {self.pin.id} ({self.pin.key}), target {self.target_name}"]
-        for key, value in self.resolved().items():
-            if key == "build_env":
-                continue
-            lines.append(f"  {key}: {value}")
-        lines.append("  every command runs with this environment, minus "
-                     + ", ".join(sorted(envmod.SCRUBBED)) + " and every "
-                     + ", ".join(f"{p}*" for p in envmod.BUILD_DROPPED_PREFIXES)
-                     + ", VLLM_*PRECOMPILED* variable, plus what the command lists")
-        for role, tool in self.compilers.items():
-            lines.append(f"  {role}: {tool.label()}")
-        for d in self.patches:
-            lines.append(f"  patch {d.patch.file}: {'APPLIES' if d.applies else 'skipped'} "
-                         f"({d.why}): {d.patch.reason}")
-        if self.compiler_cache is not None:
-            lines.append(f"  compiler cache: {self.compiler_cache.describe()}")
-        if self.stop_after:
-            lines.append(f"  stops after: {self.stop_after} (nothing is published)")
-        for index, step in enumerate(self.steps, start=1):
-            last = self.last_times.get(step.name)
-            took = f" (last time on this host: {fmt_seconds(last)})" if last else ""
-            lines.append(f"  [{index}/{len(self.steps)}] {step.name}: {step.about}{took}")
-            for blocked in step.blocked_by:
-                lines.append(f"      REFUSES TO RUN: {blocked}")
-            for cmd in step.commands:
-                lines += cmd.render()
-        return "\n".join(lines)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"resolved": self.resolved(),
-                "steps": [{"name": s.name, "about": s.about, "blocked_by": s.blocked_by,
-                           "commands": [c.as_dict() for c in s.commands]} for s in self.steps]}
-
-
 def wheel_build_env(pin: Pin, target: Target, externals: dict[str, str]) -> dict[str, str]:
     env: dict[str, str] = {}
     env.update(pin.model.build.env)
@@ -244,26 +123,6 @@ def fetch_commands(plan_files: Callable[[str], Path], wh: Wheelhouse, pin: Pin,
     return cmds
 
 
-def last_times(home: Path, pin_key: str) -> dict[str, float]:
-    """Each step's duration the last time it ran to its end on this host (nothing when the
-    file is absent or not a plain table of numbers: it is only said, never trusted)."""
-    path = layout.timings_path(home, pin_key)
-    try:
-        data = load_json(path) if path.is_file() else {}
-    except Exception:
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {str(k): float(v) for k, v in data.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e7}
-
-
-def archive_path(wh: Wheelhouse, src: ArchiveSource) -> Path:
-    """Where a pin's source archive is kept: in its wheelhouse, checked by sha256 at each
-    use, so a rebuild after a reimage needs no registry."""
-    return wh.root / "sources" / src.filename
-
-
 def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
          mirror: str | None = None, externals_dir: Path | None = None,
          checkout: Path | None = None, compiler_cache: bool = True,
@@ -274,8 +133,6 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
     ``compiler_cache``: False builds cold (ccache into a throwaway folder).
     ``stop_after``: a step's name, or "configure": the build ends there (the wheel build is
     stopped at CMake's last configure line), its staging folder removed, nothing published."""
-    from oracle_build.recipe import steps as act
-
     target = pin.target(target_name)
     venv = layout.oracle_path(home, pin.key)
     staging = layout.staging_dir(home, pin.key)

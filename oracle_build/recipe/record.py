@@ -26,10 +26,10 @@ from oracle_build.core.errors import IdentityMismatch
 from oracle_build.core.files import atomic_write_json, sha256_file
 from oracle_build.oracle import identity, inventory
 from oracle_build.oracle.venv import OracleVenv
-from oracle_build.recipe.plan import UV_VERSION
+from oracle_build.recipe.model import UV_VERSION
 
 if TYPE_CHECKING:
-    from oracle_build.recipe.steps import BuildState
+    from oracle_build.recipe.model import BuildState
 
 def build_record(state: BuildState, ident: identity.Identity, *, manifest_summary: ManifestSummary,
                  content_fingerprint: str, timings: dict[str, float]) -> BuildRecord:

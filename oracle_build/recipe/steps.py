@@ -10,10 +10,9 @@ import shutil
 import threading
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from os import environ
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
@@ -22,7 +21,6 @@ from oracle_build.contracts.lock import LockEntry
 from oracle_build.contracts.pins import ArchiveSource, FromSource, GitSource
 from oracle_build.contracts.record import (
     ArchiveFacts,
-    BuildFacts,
     CheckoutFacts,
     CompilerCacheFacts,
     CompilerFacts,
@@ -50,28 +48,16 @@ from oracle_build.oracle import identity, inventory
 from oracle_build.oracle.venv import uv
 from oracle_build.recipe import archive, checkout, record, source, toolchain
 from oracle_build.recipe.cmake import scan
-from oracle_build.recipe.plan import (
+from oracle_build.recipe.model import (
     DOWNLOAD_LIST,
     TORCH_DOWNLOAD_LIST,
+    BuildState,
     Plan,
     Step,
     archive_path,
     last_times,
 )
 from oracle_build.recipe.wheelhouse import Wheelhouse
-
-
-@dataclass
-class BuildState:
-    plan: Plan
-    steps: Steps
-    facts: BuildFacts = field(default_factory=BuildFacts)
-    wheel: Path | None = None
-    origin: Literal["built", "wheelhouse", "fetched"] = "wheelhouse"
-    identity: identity.Identity | None = None
-    tree: checkout.CheckoutFacts | None = None  # what the source step read from the clone
-    hashed: inventory.Hashed | None = None  # the venv's files, hashed during the identity step
-    stopped: str | None = None  # where the build stopped as asked (--stop-after)
 
 
 def _run(state: BuildState, cmd: proc.Cmd, *, check: bool = True,
@@ -128,7 +114,7 @@ def preflight(state: BuildState, step: Step) -> None:
                                       hint="install the toolchain rust-toolchain.toml names "
                                       "(rustup), or set [build] rust_frontend = \"skip\"")
             facts[tool] = answer.output.strip()
-    devices.module(p.target).preflight(p, facts)
+    devices.module(p.target).preflight(p, facts, host.host())
     state.facts.preflight = facts
 
 

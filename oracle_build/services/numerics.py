@@ -161,7 +161,7 @@ def numerics(*, pin: Pin, pin_path: Path, target: str | None, battery: Path, hom
     target's); each set's goldens re-run under the variant they recorded."""
     specs = battery_specs(battery, only)
     target_name = devices.choose_target(pin, host.host(), target)
-    lacking = devices.missing_instructions(pin.target(target_name), kernel_variant)
+    lacking = host.missing_instructions(pin.target(target_name), kernel_variant)
     if lacking:
         raise PreflightFailed(
             f"CPU kernel variant {devices.held_name(pin.target(target_name), kernel_variant)} "

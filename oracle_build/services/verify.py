@@ -265,7 +265,7 @@ def admit(path: Path, *, home: Path, pin_override: Pin | None, cross_target: boo
         item = Item(path, rec, pin, reason, target_name=rec.oracle.target)
     target = pin.target(item.target_name)
     item.variant = run_variant(rec, path, target, kernel_variant)
-    lacking = devices.missing_instructions(target, item.variant)
+    lacking = host.missing_instructions(target, item.variant)
     if lacking:
         # the golden's numbers come from kernels this CPU cannot run: not drift
         return lacks(golden, path, item.variant, lacking)
