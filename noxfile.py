@@ -204,17 +204,22 @@ def lock(session: nox.Session) -> None:
 
 # The system programs the suite runs, and the Debian/Ubuntu package of each: a real OCI
 # registry (distribution 2.8) and htpasswd for the oracle cache's tests, which start their
-# own registry on 127.0.0.1 (never the packaged service), and the browser the HTML report's
-# tests open the page in.
+# own registry on 127.0.0.1 (never the packaged service), the browser the HTML report's
+# tests open the page in, and the compiler cache the source builds compile through.
 SYSTEM_PROGRAMS = {"docker-registry": "docker-registry", "htpasswd": "apache2-utils",
-                   "chromium": "chromium"}
+                   "chromium": "chromium", "ccache": "ccache"}
+# ... and the system files: vLLM's CPU extension links libnuma (the source pin's configure
+# test gets past the build's preflight only with its header)
+SYSTEM_FILES = {"/usr/include/numa.h": "libnuma-dev"}
 # Debian's way to keep a package's postinst from starting its service (invoke-rc.d asks it)
 POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
 
 
 def missing_programs(which: Callable[[str], str | None] = shutil.which) -> dict[str, str]:
-    """The suite's system programs not on PATH: program -> the package that installs it."""
-    return {prog: pkg for prog, pkg in SYSTEM_PROGRAMS.items() if which(prog) is None}
+    """The suite's system programs not on PATH (and system files not there): program or
+    file -> the package that installs it."""
+    return {**{prog: pkg for prog, pkg in SYSTEM_PROGRAMS.items() if which(prog) is None},
+            **{f: pkg for f, pkg in SYSTEM_FILES.items() if not Path(f).is_file()}}
 
 
 def _as_root() -> list[str] | None:
@@ -281,7 +286,7 @@ def tests(session: nox.Session) -> None:
     them; `-- -n 0` runs in one process.
 
     First installs what the suite runs and Python cannot install: Debian's docker-registry,
-    apache2-utils (htpasswd) and chromium, with apt-get where they are missing (as root or
+    apache2-utils (htpasswd), chromium, ccache and libnuma-dev, with apt-get where they are missing (as root or
     through `sudo -n`); elsewhere it stops (exit 6) naming each and how to install it.
     """
     code = system_setup(session.log)

@@ -233,14 +233,16 @@ def test_tests_session_names_what_it_cannot_install(tmp_path: Path) -> None:
     said = done.stdout + done.stderr
     assert done.returncode == 6, said
     for prog, pkg in (("docker-registry", "docker-registry"), ("htpasswd", "apache2-utils"),
-                      ("chromium", "chromium")):
+                      ("chromium", "chromium"), ("ccache", "ccache")):
         assert f"{prog} (package {pkg})" in said, said
     assert "no apt-get on this host" in said
-    assert "sudo apt-get install apache2-utils chromium docker-registry" in said
-    assert "nox > pytest" not in said  # stopped before any test
     import noxfile
-    assert noxfile.missing_programs(lambda prog: "/usr/bin/" + prog) == {}
-    assert noxfile.missing_programs(lambda prog: None) == noxfile.SYSTEM_PROGRAMS
+    files = {f: pkg for f, pkg in noxfile.SYSTEM_FILES.items() if not Path(f).is_file()}
+    assert "sudo apt-get install apache2-utils ccache chromium docker-registry" + "".join(
+        f" {pkg}" for pkg in sorted(files.values())) in said
+    assert "nox > pytest" not in said  # stopped before any test
+    assert noxfile.missing_programs(lambda prog: "/usr/bin/" + prog) == files
+    assert noxfile.missing_programs(lambda prog: None) == {**noxfile.SYSTEM_PROGRAMS, **files}
 
 
 def test_every_slow_test_says_why() -> None:

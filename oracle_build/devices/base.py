@@ -68,6 +68,9 @@ class Build(Protocol):
     @property
     def log(self) -> Path: ...
 
+    @property
+    def from_source(self) -> bool: ...
+
 
 @dataclass(frozen=True)
 class Hold:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from oracle_build.core.env import CPU_NUMERICS
 from oracle_build.core.errors import BuildFailed, PreflightFailed
-from oracle_build.devices.base import Build, Device, Hold, Mismatch
+from oracle_build.devices.base import Build, Device, Hold, Host, Mismatch
 
 if TYPE_CHECKING:
     from oracle_build.contracts.pins import Target
@@ -148,6 +148,8 @@ def variant_mismatches(held: Hold, kernels: dict[str, Any]) -> list[Mismatch]:
     return bad
 
 
+# where a Debian/Ubuntu host's numa.h is (libnuma-dev)
+NUMA_INCLUDE_DIRS = ("/usr/include", "/usr/local/include")
 # The kernel libraries a from-source x86_64 CPU build of vLLM compiles, one per ISA
 # (cmake/cpu_extension.cmake: AVX-512 BF16/AMX, AVX-512, AVX2): CpuPlatform.import_kernels
 # maps one of them, so a wheel without all three runs on some hosts and not on others.
@@ -171,6 +173,18 @@ class Cpu(Device):
 
     def build_env(self, target: Target, env: dict[str, str]) -> None:
         env["VLLM_TARGET_DEVICE"] = "cpu"
+
+    def preflight(self, plan: Build, facts: dict[str, Any], h: Host) -> None:
+        """vLLM's CPU extension links libnuma (cmake/cpu_extension.cmake: ENABLE_NUMA on
+        Linux): without its header the compile stops an hour in, so the build stops first."""
+        if not plan.from_source or plan.target.kernel_check != "rms_norm":
+            return
+        headers = [Path(d) / "numa.h" for d in NUMA_INCLUDE_DIRS]
+        found = next((str(p) for p in headers if p.is_file()), None)
+        facts["numa_h"] = found
+        if found is None:
+            raise PreflightFailed("vLLM's CPU build links libnuma and numa.h is not on this "
+                                  "host", hint="Debian/Ubuntu: apt-get install libnuma-dev")
 
     def wheel_check_about(self, target: Target) -> str:
         if target.kernel_check != "rms_norm" or target.machine != "x86_64":

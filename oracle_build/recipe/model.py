@@ -74,6 +74,11 @@ class Plan:
     last_times: dict[str, float] = field(default_factory=dict)  # each step, last time here
 
     @property
+    def from_source(self) -> bool:
+        """Whether this plan compiles vLLM (rather than install a wheel)."""
+        return isinstance(self.pin.model.vllm, FromSource) and not self.from_wheelhouse
+
+    @property
     def staging_venv(self) -> Path:
         return self.staging / "venv"
 
