@@ -162,3 +162,17 @@ def test_every_benchmark_script_runs_here() -> None:
     run_by_all = {"ci_speed.py", "recovery.py"}  # all.py runs their quick modes
     missing = [s for s in scripts if s not in run_by_all and f'bench("{s}"' not in source]
     assert not missing, missing
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_source_build_quick() -> None:
+    """The source build's benchmark on the small sdist: its floor (the plan's own wheel
+    command without a launcher, and the installs), a cold build into an empty compiler cache
+    and a warm one in another home; every figure and both ratios printed. Slow: three builds
+    of a real package with real venvs."""
+    out = bench("source_build.py", "--quick")
+    for label in ("floor", "cold", "warm"):
+        figure(out, label)
+    figure(out, "cold / floor:", RATIO)
+    figure(out, "warm / cold:", RATIO)

@@ -1,0 +1,143 @@
+"""A source oracle's build against its floor, and a rebuild through the compiler cache against
+the cold build, measured in one run on this machine.
+
+    python benchmarks/source_build.py --externals ../shared/externals          # vLLM: ~2 hours
+    python benchmarks/source_build.py --quick                                    # CI: seconds
+
+Three timings, each in a fresh home:
+  floor  the bare build: the same source, patches, externals, torch and build requirements
+         prepared by the tool's own steps (not timed), then only what a build by hand would
+         run, timed: the plan's `pip wheel --no-build-isolation` command with the plan's
+         flags and no compiler launcher, and the offline install of the wheel and the lock
+  cold   `oracle-build build` into an empty compiler cache (nothing to reuse: every object
+         compiled; the cache filled as it goes), the whole command
+  warm   `oracle-build build` in another home at another path, the same compiler cache
+         (a reimaged host that kept its cache, a second checkout, a --rebuild)
+and the ratios cold / floor (target: at most 1.05, the compile is the limit) and warm / cold
+(target: a tenth). --quick runs the small package of tests/srcpkg.py as an sdist through the
+same code paths. Without --quick: pins/cpu-source.toml (an hour for each of floor and cold).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks import fmt  # noqa: E402
+from oracle_build.contracts.pins import load_pin  # noqa: E402
+from oracle_build.core import layout, proc  # noqa: E402
+from oracle_build.core.log import Steps  # noqa: E402
+from oracle_build.recipe.plan import plan as make_plan  # noqa: E402
+from oracle_build.recipe.model import BuildState  # noqa: E402
+
+
+def timed_build(pin: Path, home: Path, cache: Path, externals: Path | None,
+                wheelhouse: Path | None) -> float:
+    env = {**os.environ, "ORACLE_BUILD_COMPILER_CACHE": str(cache)}
+    if wheelhouse is not None:
+        env["ORACLE_BUILD_WHEELHOUSE"] = str(wheelhouse)
+    argv = [sys.executable, "-m", "oracle_build", "build", "--pin", str(pin), "--home",
+            str(home)]
+    if externals is not None:
+        argv += ["--externals", str(externals)]
+    start = time.monotonic()
+    done = subprocess.run(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, check=False)
+    seconds = time.monotonic() - start
+    if done.returncode != 0 or "ORACLE_IDENTITY_OK" not in done.stdout:
+        raise SystemExit(f"build of {pin} in {home} exited {done.returncode}:\n"
+                         f"{done.stderr[-3000:]}")
+    return seconds
+
+
+def floor(pin_path: Path, home: Path, externals: Path | None,
+          wheelhouse: Path | None) -> float:
+    """The tool's own steps prepare the staging folder up to the wheel (not timed); then the
+    plan's wheel command without a compiler launcher and the plan's install commands, each
+    run as a person would run them (timed)."""
+    pin = load_pin(pin_path)
+    target = next(iter(pin.model.targets))
+    p = make_plan(pin, target, home=home, wheelhouse_root=wheelhouse or home / "wheelhouse",
+                     externals_dir=externals, compiler_cache=False)
+    names = [s.name for s in p.steps]
+    p.staging.mkdir(parents=True)
+    p.log.write_text("# benchmarks/source_build.py: floor\n")
+    state = BuildState(p, Steps(len(p.steps)))
+    for step in p.steps[:names.index("wheel")]:
+        with state.steps.step(step.name):
+            step.action(state, step)
+    wheel_cmd = p.steps[names.index("wheel")].commands[0]
+    env = wheel_cmd.environment()
+    env["CMAKE_ARGS"] = " ".join(a for a in env.get("CMAKE_ARGS", "").split()
+                                 if "_COMPILER_LAUNCHER=" not in a)
+    for key in [k for k in env if k.startswith("CCACHE_")]:
+        del env[key]
+    env["CCACHE_DISABLE"] = "1"  # setup.py adds `ccache` itself when it finds one
+    start = time.monotonic()
+    proc.run(wheel_cmd.argv, env=env, log=p.log, what="pip wheel (floor)")
+    for cmd in p.steps[names.index("install")].commands:
+        if "-r" in cmd.argv:  # the lock's list, as the install step writes it
+            from oracle_build.recipe.steps import write_lock_requirements
+
+            write_lock_requirements(state, exclude={"vllm"})
+        proc.run_cmd(cmd, log=p.log)
+    seconds = time.monotonic() - start
+    shutil.rmtree(p.staging, ignore_errors=True)
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pin", default=str(REPO / "pins" / "cpu-source.toml"))
+    ap.add_argument("--externals", help="the externals' local sources (--externals of build)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of floor, cold and warm (each is two hours for vLLM)")
+    ap.add_argument("--wheelhouse", default=str(layout.default_wheelhouse(
+        layout.default_home())), help="where the locked wheels and the source archive are "
+        "kept between rounds (default: the default home's)")
+    ap.add_argument("--quick", action="store_true",
+                    help="the small package of tests/srcpkg.py as an sdist (CI)")
+    args = ap.parse_args(argv)
+    times: dict[str, list[float]] = {"floor": [], "cold": [], "warm": []}
+    with tempfile.TemporaryDirectory(prefix="source-bench-") as tmp:
+        root = Path(tmp)
+        pin = Path(args.pin)
+        externals = Path(args.externals).resolve() if args.externals else None
+        wheelhouse: Path | None = Path(args.wheelhouse)
+        if args.quick:
+            from tests.srcpkg import make_sdist, write_sdist_pin
+
+            sdist = make_sdist(root / "sdist")
+            pin, externals, wheelhouse = write_sdist_pin(sdist), sdist.externals, None
+        for n in range(args.rounds):
+            times["floor"].append(floor(pin, root / f"floor-{n}", externals, wheelhouse))
+            cache = root / f"ccache-{n}"
+            times["cold"].append(timed_build(pin, root / f"cold-{n}", cache, externals,
+                                             wheelhouse))
+            times["warm"].append(timed_build(pin, root / "elsewhere" / f"warm-{n}", cache,
+                                             externals, wheelhouse))
+            for home in (root / f"floor-{n}", root / f"cold-{n}",
+                         root / "elsewhere" / f"warm-{n}", cache):
+                shutil.rmtree(home, ignore_errors=True)
+    print(f"source build of {load_pin(pin).id if not args.quick else 'the small sdist'}, "
+          f"{args.rounds} round(s)")
+    for key, xs in times.items():
+        print(f"  {key:<6} {fmt(xs)}")
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    print(f"  cold / floor: {med['cold'] / med['floor']:.3f}x (target <= 1.05x)")
+    print(f"  warm / cold:  {med['warm'] / med['cold']:.3f}x (target <= 0.10x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
