@@ -36,8 +36,8 @@ from benchmarks import fmt  # noqa: E402
 from oracle_build.contracts.pins import load_pin  # noqa: E402
 from oracle_build.core import layout, proc  # noqa: E402
 from oracle_build.core.log import Steps  # noqa: E402
-from oracle_build.recipe.plan import plan as make_plan  # noqa: E402
 from oracle_build.recipe.model import BuildState  # noqa: E402
+from oracle_build.recipe.plan import plan as make_plan  # noqa: E402
 
 
 def timed_build(pin: Path, home: Path, cache: Path, externals: Path | None,
@@ -50,8 +50,8 @@ def timed_build(pin: Path, home: Path, cache: Path, externals: Path | None,
     if externals is not None:
         argv += ["--externals", str(externals)]
     start = time.monotonic()
-    done = subprocess.run(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, check=False)
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True,
+                          text=True, check=False)
     seconds = time.monotonic() - start
     if done.returncode != 0 or "ORACLE_IDENTITY_OK" not in done.stdout:
         raise SystemExit(f"build of {pin} in {home} exited {done.returncode}:\n"
