@@ -208,8 +208,10 @@ reason = "written for another version of this source"
     done = build(pin, tmp_path / "home", "--stop-after", "patches", externals=s.externals)
     assert done.returncode == EXIT_BUILD, done.stderr[-2000:]
     assert "patch patches/floor.patch does not apply" in done.stderr
+    assert "error: patch failed: CMakeLists.txt:2" in done.stderr  # git names the hunk
+    assert done.stderr.count("full log: ") == 1
     log = next((tmp_path / "home" / "staging").glob("*/build.log")).read_text()
-    assert "error: patch failed: CMakeLists.txt:" in log  # git names the hunk
+    assert "error: patch failed: CMakeLists.txt:" in log
     assert "==> [5/" not in done.stderr  # nothing after the patches step
 
 

@@ -40,6 +40,7 @@ from oracle_build.core.errors import (
     PreflightFailed,
     SourceError,
     Unestablished,
+    as_data,
 )
 from oracle_build.core.files import atomic_write_json, dumps_json, sha256_file
 from oracle_build.core.layout import utc_now, uv_cache_dir
@@ -274,13 +275,18 @@ def patches(state: BuildState, step: Step) -> None:
     for decision, cmd in zip(applying, step.commands, strict=True):
         check = proc.Cmd([*cmd.argv[:-2], "--check", *cmd.argv[-2:]], env=cmd.env,
                          cwd=cmd.cwd, what=f"{cmd.what} --check")
-        done = _run(state, check, check=False)
+        done = proc.run_cmd(check, log=p.log, capture=True, check=False)
         if not done.ok:
-            raise BuildFailed(f"patch {decision.patch.file} does not apply to this source "
-                              f"(git apply --check exited {done.returncode}; the hunk that "
-                              f"failed is in the build log: {p.log})",
-                              hint="the source is not the one the patch was written for: "
-                              "review the patch and record a new one (file and sha256)")
+            said = [ln.strip() for ln in done.output.splitlines()
+                    if ln.startswith(("error:", "warning:"))][:6]
+            failed = BuildFailed(f"patch {decision.patch.file} does not apply to this source "
+                                 f"(git apply --check exited {done.returncode}):\n  "
+                                 + "\n  ".join(as_data(ln) for ln in said)
+                                 + f"\n  full log: {p.log}",
+                                 hint="the source is not the one the patch was written for: "
+                                 "review the patch and record a new one (file and sha256)")
+            failed.log = str(p.log)
+            raise failed
         _run(state, cmd)
         say(f"    applied {decision.patch.file}")
     state.facts.patches = [
