@@ -390,3 +390,32 @@ def test_vllm_floors_are_read_from_its_cmake() -> None:
     cuda = {(f.lang, f.version) for f in scan(src, device="cuda", machine="aarch64").floors}
     assert ("cxx", "12.3") in cpu and ("cxx", "13") not in cpu
     assert ("cxx", "13") in cuda and ("cxx", "12.3") not in cuda
+
+
+def test_what_a_built_wheel_requires_is_read_against_the_lock(tmp_path: Path) -> None:
+    """A wheel built from source may declare other requirements than the lock (vLLM's
+    requirements/cpu.txt names triton-cpu by a GitHub URL): said and recorded, per target."""
+    import zipfile
+
+    from oracle_build.recipe.plan import plan
+    from oracle_build.recipe.steps import requirements_outside_lock
+
+    pin = load_pin(REPO / "pins" / "cpu-source.toml")
+    locked = {e.key: e.version for e in pin.lock_entries or ()}
+    wheel = tmp_path / "vllm-0.32.0+cpu-cp38-abi3-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("vllm-0.32.0+cpu.dist-info/METADATA", "\n".join([
+            "Metadata-Version: 2.1", "Name: vllm", "Version: 0.32.0+cpu",
+            f"Requires-Dist: torch=={locked['torch']}; platform_machine == \"x86_64\"",
+            "Requires-Dist: triton-cpu @ git+https://github.com/triton-lang/triton-cpu.git"
+            "; platform_machine == \"x86_64\"",
+            "Requires-Dist: numpy<1.0", "Requires-Dist: nosuchpkg>=1",
+            "Requires-Dist: torchvision", "Requires-Dist: pytest; extra == \"test\"",
+            "Requires-Dist: onlyarm; platform_machine == \"aarch64\"", ""]))
+    p = plan(pin, "cpu", home=tmp_path / "h", wheelhouse_root=tmp_path / "wh",
+             externals_dir=ONEDNN.parent)
+    out = requirements_outside_lock(p, wheel)
+    assert out is not None and len(out) == 3, out
+    assert out[0].startswith("triton-cpu @ git+https://") and "the lock holds none" in out[0]
+    assert out[1] == f"numpy<1.0 (the lock holds {locked['numpy']})"
+    assert out[2] == "nosuchpkg>=1 (not in the lock)"

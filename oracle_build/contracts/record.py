@@ -62,6 +62,10 @@ class WheelFacts(Strict):
     version: str
     rust_frontend: bool | None = None
     commit_id: str | None = None
+    # what the wheel's own metadata requires (for this target) that the pin's lock does not
+    # hold, or holds at a version outside the requirement: the lock is what installs (the
+    # wheel goes in --no-deps), so this is said, not enforced
+    requirements_outside_lock: list[str] | None = None
 
 
 class CompilerFacts(Strict):

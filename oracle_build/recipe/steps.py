@@ -501,15 +501,66 @@ def check_wheel(state: BuildState, step: Step) -> None:
                           f"says {pinned}")
     state.wheel = wheel
     state.origin = "built"
+    outside = requirements_outside_lock(p, wheel)
     state.facts.wheel = WheelFacts(file=wheel.name, sha256=sha256_file(wheel),
                                    version=str(version), rust_frontend=rust,
                                    commit_id=(f"g{commit_id.removeprefix('g')}" if commit_id
-                                              else None))
+                                              else None),
+                                   requirements_outside_lock=outside)
+    if outside:
+        say(f"    the wheel's metadata requires {len(outside)} distributions the lock does "
+            "not hold as asked (the lock is what installs; recorded): "
+            + "; ".join(as_data(r) for r in outside[:8]) + (" ..." if len(outside) > 8
+                                                            else ""))
     with devices.wheel_libraries(wheel) as (root, libraries):
         compiled = devices.module(p.target).check_wheel(p, libraries, root)
     if compiled is not None:
         state.facts.compiled_arches = compiled
     p.wheelhouse.add(wheel, origin="built")
+
+
+def requirements_outside_lock(p: Plan, wheel: Path) -> list[str] | None:
+    """The wheel's Requires-Dist for this target (markers evaluated for its machine and the
+    pin's Python, extras left out) that the lock does not satisfy: absent from it (and not
+    excluded by the pin), or locked at a version the requirement refuses. None without a
+    lock."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    entries = p.pin.lock_entries
+    if entries is None:
+        return None
+    locked = {e.key: e.version for e in entries}
+    excluded = {str(canonicalize_name(n)) for n in p.pin.model.lock_exclude}
+    env = {"platform_machine": p.target.machine, "sys_platform": "linux",
+           "platform_system": "Linux", "os_name": "posix",
+           "python_version": p.pin.model.python, "python_full_version": p.pin.model.python + ".0",
+           "implementation_name": "cpython", "platform_python_implementation": "CPython",
+           "extra": ""}
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next((n for n in zf.namelist() if n.endswith(".dist-info/METADATA")), None)
+        text = zf.read(meta).decode(errors="replace") if meta else ""
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        try:
+            req = Requirement(line.split(":", 1)[1].strip())
+        except InvalidRequirement:
+            out.append(f"{line.split(':', 1)[1].strip()} (not a requirement packaging reads)")
+            continue
+        if req.marker is not None and not req.marker.evaluate(env):
+            continue
+        key = str(canonicalize_name(req.name))
+        if key in excluded:
+            continue
+        if req.url:
+            out.append(f"{req.name} @ {req.url} (a URL: the lock holds "
+                       + (f"{key}=={locked[key]})" if key in locked else "none)"))
+        elif key not in locked:
+            out.append(f"{req} (not in the lock)")
+        elif not req.specifier.contains(locked[key], prereleases=True):
+            out.append(f"{req} (the lock holds {locked[key]})")
+    return out
 
 
 def use_built(state: BuildState, step: Step) -> None:
