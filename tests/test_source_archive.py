@@ -408,7 +408,7 @@ def test_what_a_built_wheel_requires_is_read_against_the_lock(tmp_path: Path) ->
             "Metadata-Version: 2.1", "Name: vllm", "Version: 0.32.0+cpu",
             f"Requires-Dist: torch=={locked['torch']}; platform_machine == \"x86_64\"",
             "Requires-Dist: triton-cpu @ git+https://github.com/triton-lang/triton-cpu.git"
-            "; platform_machine == \"x86_64\"",
+            " ; platform_machine == \"x86_64\"",
             "Requires-Dist: numpy<1.0", "Requires-Dist: nosuchpkg>=1",
             "Requires-Dist: torchvision", "Requires-Dist: pytest; extra == \"test\"",
             "Requires-Dist: onlyarm; platform_machine == \"aarch64\"", ""]))
