@@ -335,6 +335,16 @@ def test_sdist_builds_through_patch_external_and_compiler_cache(tmp_path: Path,
         (lib,) = layout.oracle_path(home, key).glob("lib/python3.*/site-packages/vllm/_C*.so")
         return lib.read_bytes()
     assert so(tmp_path / "home-a") == so(tmp_path / "elsewhere" / "home-b")
+    # diff's view of how each was made: the same recipe in two homes is no difference
+    from oracle_build.contracts.record import BuildRecord
+    from oracle_build.services.diff import recipe_facts
+
+    fa, fb = (recipe_facts(BuildRecord.model_validate(r)) for r in records)
+    assert fa == fb
+    assert fa["patch patches/floor.patch"].startswith("sha256 ")
+    assert fa["toolchain.cc"].endswith(a["toolchain"]["compilers"]["cc"]["version"])
+    assert fa["toolchain.flags.SOURCE_DATE_EPOCH"] == "315532800"
+    assert fa["source"].startswith("archive file://")
     plan = build(pin, tmp_path / "home-a", "--rebuild", "--dry-run", cache=cache,
                  externals=s.externals)
     assert "(last time on this host: " in plan.stdout

@@ -107,6 +107,15 @@ class PackageChange(Strict):
     b: str | None
 
 
+class RecipeChange(Strict):
+    """How two oracles were made differs here (from their build records): the vLLM source,
+    a patch, a compiler, cmake or ninja, a flag of the compile."""
+
+    what: str  # "source", "patch <file>", "toolchain.cxx", "toolchain.flags.CMAKE_ARGS", ...
+    a: str | None  # None: A has none
+    b: str | None
+
+
 class GoldenDiff(Strict):
     name: str
     path: str
@@ -127,6 +136,7 @@ class DiffReport(Strict):
     b: OracleSide
     packages: list[PackageChange]
     goldens: list[GoldenDiff]
+    recipe: list[RecipeChange] = Field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- explain

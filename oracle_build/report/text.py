@@ -81,6 +81,9 @@ def render_diff(report: DiffReport, record: Path) -> str:
              f"packages that differ ({len(report.packages)}):"]
     lines += [f"  {text(p.name)}: {fmt(p.a or '-')} -> {fmt(p.b or '-')}"
               for p in report.packages]
+    lines.append(f"how they were made differs ({len(report.recipe)}):")
+    lines += [f"  {text(r.what)}: {text(r.a or '-')} -> {text(r.b or '-')}"
+              for r in report.recipe]
     for g in report.goldens:
         lines.append(f"== {text(g.name)}  ({text(g.path)})")
         if g.verdict in NOT_COMPARED:

@@ -18,14 +18,17 @@ from oracle_build import devices, host, judge
 from oracle_build.checkpoints.resolve import recorded_model
 from oracle_build.contracts.golden import load_golden, recorded
 from oracle_build.contracts.pins import Pin
+from oracle_build.contracts.record import BuildRecord, load_record
 from oracle_build.contracts.reports import (
     DIFF_REPORT_SCHEMA,
     DiffReport,
     GoldenDiff,
     OracleSide,
     PackageChange,
+    RecipeChange,
 )
 from oracle_build.core import layout
+from oracle_build.core.errors import BadInput
 from oracle_build.core.files import atomic_write_json
 from oracle_build.core.log import say
 from oracle_build.engine.runs import engine_args, run_from_golden
@@ -48,6 +51,40 @@ def package_changes(a: Oracle, b: Oracle) -> list[PackageChange]:
     db = b.identity.summary().get("distributions") or {}
     return [PackageChange(name=n, a=da.get(n), b=db.get(n))
             for n in sorted(set(da) | set(db)) if da.get(n) != db.get(n)]
+
+
+def recipe_facts(rec: BuildRecord) -> dict[str, str]:
+    """How an oracle was made, flat, from its build record: its vLLM source, the patches it
+    applied, its compilers, cmake, ninja and the compile's flags (what differs between a
+    wheel oracle and a source one, or two hosts' source builds)."""
+    out = {"source": rec.resolved.vllm}
+    for patch in rec.patches or []:
+        if patch.applied:
+            out[f"patch {patch.file}"] = f"sha256 {patch.sha256[:16]}..."
+    if rec.toolchain is not None:
+        for role, c in rec.toolchain.compilers.items():
+            out[f"toolchain.{role}"] = f"{c.real_path or c.path or c.asked} {c.version or '?'}"
+        for name in ("cmake", "ninja"):
+            value = getattr(rec.toolchain, name)
+            if value:
+                out[f"toolchain.{name}"] = value
+        for key, value in rec.toolchain.flags.items():
+            if not key.startswith("CCACHE_"):  # where a build ran, not what it compiled
+                out[f"toolchain.flags.{key}"] = value
+    return out
+
+
+def _recipe(oracle: Oracle) -> dict[str, str]:
+    try:
+        return recipe_facts(load_record(oracle.venv.record_path))
+    except (BadInput, OSError):
+        return {}
+
+
+def recipe_changes(a: Oracle, b: Oracle) -> list[RecipeChange]:
+    fa, fb = _recipe(a), _recipe(b)
+    return [RecipeChange(what=k, a=fa.get(k), b=fb.get(k))
+            for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
 
 
 def verdict_of(results: list[judge.TokenResult]) -> str:
@@ -123,7 +160,8 @@ def diff(pin_a: Pin, pin_b: Pin, paths: list[Path], *, home: Path,
                               configuration=numerics + context,
                               summary=judge.summarize(results).line(golden.gate.kind)))
     report = DiffReport(diff_schema=DIFF_REPORT_SCHEMA, created_utc=layout.utc_now(),
-                        a=side(a), b=side(b), packages=package_changes(a, b), goldens=out)
+                        a=side(a), b=side(b), packages=package_changes(a, b), goldens=out,
+                        recipe=recipe_changes(a, b))
     dest = home / "diffs" / f"{layout.stamp()}-{a.pin.key}-vs-{b.pin.key}.json"
     atomic_write_json(dest, report.model_dump(mode="json"))
     return report, dest
