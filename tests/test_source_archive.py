@@ -429,3 +429,4 @@ def test_what_a_built_wheel_requires_is_read_against_the_lock(tmp_path: Path) ->
     assert out[0].startswith("triton-cpu @ git+https://") and "the lock holds none" in out[0]
     assert out[1] == f"numpy<1.0 (the lock holds {locked['numpy']})"
     assert out[2] == "nosuchpkg>=1 (not in the lock)"
+

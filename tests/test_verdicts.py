@@ -643,3 +643,25 @@ def test_a_value_read_cannot_print_a_verdict_line_or_markdown() -> None:
     # the image sits inside a code span its backticks cannot close
     (row,) = [ln for ln in lines if "HOST" in ln]
     assert "``x` ![ok](http://HOST/p.png) `x``" in row
+
+
+def test_a_lock_is_a_regular_file_of_its_own(tmp_path: Path) -> None:
+    """Issue 45 item 5 (and 7's FIFO): a lock path that is a symlink is refused, its target
+    left as it was; a FIFO there is refused at once (it was exit 70 at ftruncate)."""
+    from oracle_build.core.errors import OutputFailed
+    from oracle_build.core.filelock import held
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    link = tmp_path / "engine.lock"
+    link.symlink_to(victim)
+    with pytest.raises(OutputFailed, match="a symlink: refused"), held(link, what="a test"):
+        pass
+    assert victim.read_text() == "precious\n"
+    fifo = tmp_path / "fifo.lock"
+    os.mkfifo(fifo)
+    with pytest.raises(OutputFailed, match="not a regular file"), held(fifo, what="a test"):
+        pass
+    plain = tmp_path / "plain.lock"
+    with held(plain, what="a test"):
+        assert plain.read_text() == str(os.getpid())
