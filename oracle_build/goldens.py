@@ -5,7 +5,6 @@ the files; this module is the act of writing them, where the path checks live.""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -22,7 +21,7 @@ from oracle_build.contracts.golden import (
 )
 from oracle_build.contracts.pins import Pin, Target, load_pin
 from oracle_build.core.errors import BadInput, OutputFailed, Refused
-from oracle_build.core.files import atomic_write_bytes
+from oracle_build.core.files import atomic_write_bytes, json_value
 from oracle_build.core.layout import stamp
 
 
@@ -43,7 +42,7 @@ def publish(golden: Golden, path: Path, *, replace: bool) -> Path | None:
 
 def _old_sidecar(path: Path) -> str | None:
     try:
-        ref = json.loads(path.read_text(encoding="utf-8")).get("topk")
+        ref = json_value(path.read_text(encoding="utf-8")).get("topk")
     except (OSError, ValueError, AttributeError):
         return None
     name = ref.get("file") if isinstance(ref, dict) else None

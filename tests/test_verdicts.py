@@ -665,3 +665,31 @@ def test_a_lock_is_a_regular_file_of_its_own(tmp_path: Path) -> None:
     plain = tmp_path / "plain.lock"
     with held(plain, what="a test"):
         assert plain.read_text() == str(os.getpid())
+
+
+def test_json_text_from_outside_is_parsed_in_one_place() -> None:
+    """Issue 45 item 7: JSON nested past the recursion limit (a registry's error body, token
+    answer or tag list, a compile-cache journal) was a RecursionError, exit 70. Every JSON
+    text the package parses goes through core.files.json_value, which makes it malformed
+    JSON like any other; no module parses JSON text any other way."""
+    import ast
+
+    from oracle_build.cache.registry import error_codes
+    from oracle_build.core.files import json_value
+
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(json.JSONDecodeError):
+        json_value(deep)
+    assert error_codes(deep) == ()
+    package = REPO / "oracle_build"
+    allowed = {"core/files.py", "contracts/schemas/__init__.py"}  # the reader; our own files
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        rel = str(path.relative_to(package))
+        if rel in allowed or rel.startswith("inside/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("loads", "load") and \
+                    isinstance(node.value, ast.Name) and node.value.id == "json":
+                offenders.append(f"{rel}:{node.lineno}")
+    assert not offenders, offenders

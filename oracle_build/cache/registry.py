@@ -29,7 +29,6 @@ import contextlib
 import hashlib
 import http.client
 import io
-import json
 import os
 import re
 import socket
@@ -54,6 +53,7 @@ from oracle_build.core.errors import (
     RegistryError,
     as_data,
 )
+from oracle_build.core.files import json_value
 from oracle_build.core.log import say
 
 RETRIES = 4
@@ -81,7 +81,7 @@ def error_codes(body: str) -> tuple[str, ...]:
     """The OCI distribution error codes of an error body (``{"errors": [{"code": ...}]}``),
     for the code to decide on (``MANIFEST_BLOB_UNKNOWN``); () for any other body."""
     try:
-        data = json.loads(body)
+        data = json_value(body)
     except ValueError:
         return ()
     errors = data.get("errors") if isinstance(data, dict) else None
@@ -204,7 +204,7 @@ def credentials_for(ref: CacheRef, env: dict[str, str] | None = None) -> Credent
     config = Path(env["DOCKER_CONFIG"]) / "config.json" if env.get("DOCKER_CONFIG") else \
         Path(env.get("HOME", str(Path.home()))) / ".docker" / "config.json"
     try:
-        data = json.loads(config.read_text()) if config.is_file() else {}
+        data = json_value(config.read_text()) if config.is_file() else {}
     except (OSError, ValueError):
         return Credentials(source=f"{config} (unreadable: ignored)")
     if not isinstance(data, dict):
@@ -272,7 +272,7 @@ def from_helper(name: str, server: str, config: Path, why: str,
                            hint=f"`echo {server} | {program} get` shows what it says; "
                            "`docker login` the registry again")
     try:
-        answer = json.loads(done.stdout)
+        answer = json_value(done.stdout)
         user, secret = answer["Username"], answer["Secret"]
         if not isinstance(user, str) or not isinstance(secret, str):
             raise TypeError
@@ -481,7 +481,7 @@ class Registry:
             raise RegistryError(f"token service {as_data(params['realm'], 200)}: HTTP "
                                 f"{resp.status}")
         try:
-            answer = json.loads(data)
+            answer = json_value(data)
             token = answer.get("token") or answer.get("access_token")
         except (ValueError, AttributeError):
             token = None
@@ -775,7 +775,7 @@ class Registry:
             data = read_document(resp.body, f"{self.ref}: GET tags")
             self.drain(resp)
             try:
-                listed = json.loads(data).get("tags") or []
+                listed = json_value(data).get("tags") or []
             except (ValueError, AttributeError):
                 raise RegistryError(f"{self.ref}: GET tags: not a tag list") from None
             if not isinstance(listed, list):
@@ -798,7 +798,7 @@ class Registry:
         if (resp.header("content-type") or "").split(";")[0] != OCI_INDEX:
             return None
         try:
-            index = json.loads(data)
+            index = json_value(data)
         except ValueError:
             return None
         manifests = index.get("manifests") if isinstance(index, dict) else None

@@ -32,6 +32,7 @@ import numpy as np
 
 from oracle_build.core import safetensors
 from oracle_build.core.errors import BadInput
+from oracle_build.core.files import json_value
 
 MAX_TOKEN_ID = 2**31 - 1
 FIELDS = ("counts", "ids", "lengths", "logprobs")
@@ -150,7 +151,7 @@ class TopKTable:
             raise BadInput(path, [("<header>", f"header length {n} does not fit the file "
                                    f"({len(data)} bytes)")])
         try:
-            header = json.loads(data[8:8 + n])
+            header = json_value(data[8:8 + n])
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise BadInput(path, [("<header>", f"not JSON: {exc}")]) from None
         if not isinstance(header, dict):

@@ -135,6 +135,18 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
+def json_value(text: str | bytes) -> Any:
+    """``json.loads`` for text that came from outside (a registry's answer, a journal, a
+    probe's output): JSON nested past Python's recursion limit is a ``ValueError`` like any
+    other malformed JSON, which every reader already handles (it was a RecursionError:
+    exit 70). The one place the package parses JSON text (a test keeps it so)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        doc = text if isinstance(text, str) else ""
+        raise json.JSONDecodeError("JSON nested too deeply", doc, 0) from None
+
+
 def load_json(path: Path) -> Any:
     text = read_text(path)
     if not text.strip():

@@ -30,6 +30,7 @@ from pathlib import Path
 from oracle_build.core import layout
 from oracle_build.core.errors import OutputFailed, Refused, as_data
 from oracle_build.core.filelock import held
+from oracle_build.core.files import json_value
 from oracle_build.core.log import say
 
 # read by inside/driver.py (it imports nothing from here): the folder the caches go under,
@@ -140,7 +141,7 @@ class CompileCache:
     def _describe(self) -> str:
         """The journal's own words (it is the tool's file, but read as data: any text)."""
         try:
-            data = json.loads(self.journal.read_text(errors="replace"))
+            data = json_value(self.journal.read_text(errors="replace"))
         except (OSError, ValueError):
             return "journal unreadable"
         if not isinstance(data, dict):

@@ -15,6 +15,7 @@ from typing import Any
 
 from oracle_build.core import env as envmod
 from oracle_build.core import proc
+from oracle_build.core.files import json_value
 from oracle_build.oracle.venv import INSIDE, RUN_FLAGS, Answer, OracleVenv, arrays_beside
 
 
@@ -40,7 +41,7 @@ class EngineHost:
                 self.close()
                 return None
             time.sleep(0.05)
-        data: dict[str, Any] = json.loads(path.read_text())
+        data: dict[str, Any] = json_value(path.read_text())
         return data
 
     def run(self, request: Any) -> Answer:
@@ -53,7 +54,7 @@ class EngineHost:
         try:
             self.live.send(f"run {req.name} {out.name}")  # the host runs in this folder
             result = self.live.finish(check=False)
-            data = json.loads(out.read_text()) if out.exists() else None
+            data = json_value(out.read_text()) if out.exists() else None
             return Answer(data, result, arrays_beside(self._dir, data))
         finally:
             self.folder.cleanup()

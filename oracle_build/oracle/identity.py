@@ -26,7 +26,7 @@ from oracle_build.contracts.record import load_record
 from oracle_build.core import layout, verdicts
 from oracle_build.core.env import RECORDED_PREFIXES
 from oracle_build.core.errors import BadInput, BuildFailed, IdentityMismatch, as_data
-from oracle_build.core.files import sha256_file, validate
+from oracle_build.core.files import json_value, sha256_file, validate
 from oracle_build.devices import Hold
 from oracle_build.oracle import inventory
 from oracle_build.oracle.venv import OracleVenv
@@ -403,7 +403,7 @@ def replace_path(value: Any, old: Path, new: Path) -> Any:
     """``value`` (JSON-able) with every mention of ``old``'s real path replaced by ``new``'s:
     a venv renamed into place holds the same files under another name."""
     text = json.dumps(value).replace(os.path.realpath(old), os.path.realpath(new))
-    return json.loads(text)
+    return json_value(text)
 
 
 def require(pin: Pin, target: Target, venv: Path, *, log: Path | None = None) -> Identity:

@@ -23,7 +23,6 @@ import base64
 import csv
 import hashlib
 import io
-import json
 import os
 import re
 import threading
@@ -44,7 +43,7 @@ from oracle_build.contracts.record import (
 )
 from oracle_build.core import layout
 from oracle_build.core.errors import BadInput, BuildFailed
-from oracle_build.core.files import atomic_write_json, sha256_file
+from oracle_build.core.files import atomic_write_json, json_value, sha256_file
 
 MANIFEST = "manifest.json"
 
@@ -326,7 +325,7 @@ def load(venv: Path) -> tuple[dict[str, Any] | None, list[tuple[str, str, str]]]
                        f"(the anchor {anchor_path(venv).name})",
                        f"sha256 {digest[:16]}...: the manifest inside the venv was edited")]
     try:
-        data = json.loads(raw)
+        data = json_value(raw)
     except ValueError:
         return None, [("file manifest", "JSON", "unreadable")]
     problems = []

@@ -23,6 +23,7 @@ from uv import find_uv_bin
 from oracle_build.core import env as envmod
 from oracle_build.core import layout, proc
 from oracle_build.core.errors import BadInput, OracleMissing
+from oracle_build.core.files import json_value
 
 INSIDE = Path(__file__).parent.parent / "inside"
 # How the oracle's python runs every script of ours: isolated (-I: no PYTHON* variables, no
@@ -91,7 +92,7 @@ class OracleVenv:
             result = proc.run(argv, env=envmod.oracle_env(env), cwd=Path(neutral), log=log,
                               capture=log is None, check=False, echo=echo, what=what,
                               timeout=timeout)
-            data = json.loads(out.read_text()) if out.exists() else None
+            data = json_value(out.read_text()) if out.exists() else None
             arrays = arrays_beside(Path(neutral), data)
         return Answer(data, result, arrays)
 
@@ -104,7 +105,7 @@ class OracleVenv:
         out = proc.query([str(self.python), *RUN_FLAGS, "-c", code], env=envmod.oracle_env(),
                          cwd=Path(tempfile.gettempdir()), timeout=120)
         try:
-            prefix, origin = json.loads(out.output)
+            prefix, origin = json_value(out.output)
         except (ValueError, TypeError):
             return None, None
         return prefix, origin

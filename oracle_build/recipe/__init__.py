@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from oracle_build.contracts.record import RECORD_SCHEMA
 from oracle_build.core import layout
 from oracle_build.core.errors import IdentityMismatch
 from oracle_build.core.filelock import held
+from oracle_build.core.files import json_value
 from oracle_build.core.log import fmt_seconds, say
 from oracle_build.oracle import identity, inventory
 from oracle_build.oracle.venv import OracleVenv
@@ -29,7 +29,7 @@ __all__ = ["BuildOutcome", "Plan", "build_oracle", "build_until", "plan", "run"]
 def record_schema(oracle: OracleVenv) -> int:
     """The schema of an oracle's build record (0: none, or unreadable)."""
     try:
-        value = json.loads(oracle.record_path.read_text()).get("record_schema", 0)
+        value = json_value(oracle.record_path.read_text()).get("record_schema", 0)
     except (OSError, ValueError, AttributeError):
         return 0
     return value if isinstance(value, int) else 0
