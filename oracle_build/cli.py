@@ -14,11 +14,12 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, TextIO
 
 from oracle_build import __version__
 from oracle_build.commands import COMMANDS
 from oracle_build.commands.common import EXIT_CODES_HELP
-from oracle_build.core.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, OracleBuildError
+from oracle_build.core.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, OracleBuildError, OutputFailed
 from oracle_build.core.log import say
 
 
@@ -53,8 +54,23 @@ def entry() -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    original = sys.stdout
+    sys.stdout = _Stdout(original)
+    try:
+        return _run(args)
+    finally:
+        if sys.stdout is not original and isinstance(sys.stdout, _Stdout):
+            sys.stdout = original if not sys.stdout.broken else _devnull()
+
+
+def _devnull() -> TextIO:
+    return open(os.devnull, "w")
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         code: int = args.func(args)
+        sys.stdout.flush()  # a report that cannot be written is an output error, here
         return code
     except OracleBuildError as exc:
         say(exc.render())
@@ -63,10 +79,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         say("oracle-build: interrupted")
         return EXIT_INTERRUPTED
     except Exception as exc:  # a bug of ours: never exit 1 (drift), never a bare traceback
-        log = _internal_error_log(args, exc)
-        say(f"oracle-build: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
-            f"(a bug in oracle-build, not a verdict; traceback in {log})")
-        return EXIT_INTERNAL
+        return _internal(args, exc)
+
+
+def _internal(args: argparse.Namespace, exc: BaseException) -> int:
+    log = _internal_error_log(args, exc)
+    say(f"oracle-build: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
+        f"(a bug in oracle-build, not a verdict; traceback in {log})")
+    return EXIT_INTERNAL
+
+
+class _Stdout:
+    """Standard output, whose failure to take a line (a full disk, /dev/full, a closed
+    pipe) is an output error, exit 14, said on stderr, not an internal error: every print
+    of every command goes through it. Once broken it takes nothing more (the interpreter's
+    own flush at exit does not fail again)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.broken = False
+
+    def _failed(self, exc: OSError) -> OutputFailed:
+        self.broken = True
+        return OutputFailed(f"standard output: {exc.strerror or exc} (the report printed "
+                            "there is incomplete)",
+                            hint="write it where there is room, or use the command's file "
+                            "options (--json to a file, --junit-xml, --summary-md, --html)")
+
+    def write(self, text: str) -> int:
+        if self.broken:
+            return len(text)
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise self._failed(exc) from None
+
+    def flush(self) -> None:
+        if self.broken:
+            return
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise self._failed(exc) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def _one_line(text: str, limit: int = 300) -> str:

@@ -101,7 +101,7 @@ def test_engine_lock_is_the_homes_or_one_for_the_host(tmp_path: Path,
     with pytest.raises(OutputFailed) as caught, held(layout.engine_lock(a), what="an engine"):
         pass
     assert caught.value.exit_code == 14
-    assert f"cannot open the lock file {tmp_path / 'file' / 'engine.lock'}" in \
+    assert f"cannot use the lock file {tmp_path / 'file' / 'engine.lock'}" in \
         caught.value.message
 
 

@@ -693,3 +693,25 @@ def test_json_text_from_outside_is_parsed_in_one_place() -> None:
                     isinstance(node.value, ast.Name) and node.value.id == "json":
                 offenders.append(f"{rel}:{node.lineno}")
     assert not offenders, offenders
+
+
+def test_outputs_that_cannot_be_written_are_exit_14_before_any_run(tmp_path: Path) -> None:
+    """Issue 45 item 7: `--summary-md` or `--junit-xml` under a regular file was exit 70
+    after `verify: pass 1 (exit 0)` had been printed; stdout on /dev/full was exit 70.
+    Both are output errors (exit 14), the reports checked before any oracle is opened."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for option in ("--summary-md", "--junit-xml", "--html"):
+        done = subprocess.run([sys.executable, "-m", "oracle_build", "verify", option,
+                               str(blocker / "report")], cwd=REPO, capture_output=True,
+                              text=True, timeout=120, check=False)
+        assert done.returncode == 14, (option, done.stderr)
+        assert f"{option} {blocker / 'report'}: cannot be written" in done.stderr
+        assert "verify: " not in done.stdout and "ORACLE_IDENTITY_OK" not in done.stdout
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "oracle_build", "build", "--dry-run"],
+                              cwd=REPO, stdout=full, stderr=subprocess.PIPE, text=True,
+                              timeout=120, check=False)
+    assert done.returncode == 14, done.stderr
+    assert "standard output: No space left on device" in done.stderr
+    assert "internal error" not in done.stderr

@@ -13,6 +13,7 @@ from oracle_build.commands.common import (
     add_variant_arg,
     homes,
 )
+from oracle_build.core.files import check_writable
 from oracle_build.core.log import say
 from oracle_build.report import html
 from oracle_build.report.ci import ci_reports
@@ -70,6 +71,10 @@ def run_verify(args: argparse.Namespace) -> int:
         from oracle_build.contracts.pins import load_pin
 
         pin_override = load_pin(Path(args.oracle))
+    for option, value in (("--junit-xml", args.junit_xml), ("--summary-md", args.summary_md),
+                          ("--html", args.html)):
+        if value:
+            check_writable(Path(value), what=option)
     page = PageData() if args.html else None
     report = verify([Path(p) for p in args.goldens], home=home, pin_override=pin_override,
                     cross_target=args.cross_target, page=page,

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from oracle_build.core.errors import BadInput
+from oracle_build.core.errors import BadInput, OutputFailed, as_data
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -133,6 +133,24 @@ class _DuplicateKey(ValueError):
 
 def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number JSON allows")
+
+
+def check_writable(path: Path, *, what: str) -> None:
+    """Before any work: ``path`` can be written (its folder exists or can be made, a file can
+    be created there; a temporary one, removed) and is not a folder. OutputFailed (exit 14)
+    names the option and the path: a report nobody can write is found before the engine
+    runs, not after the verdict was printed."""
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(21, "is a folder")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".check")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise OutputFailed(f"{what} {as_data(str(path))}: cannot be written: "
+                           f"{exc.strerror or exc}",
+                           hint="a writable folder with room; nothing was run") from None
 
 
 def json_value(text: str | bytes) -> Any:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from oracle_build.contracts.reports import GoldenVerdict, TokenRow, VerifyReport
 from oracle_build.core import verdicts
+from oracle_build.core.errors import OutputFailed, as_data
 from oracle_build.core.files import atomic_write_bytes
 from oracle_build.core.log import say
 from oracle_build.report.values import code, fmt, margin, md, nats
@@ -135,12 +136,16 @@ def summary_md(report: VerifyReport) -> str:
 def ci_reports(report: VerifyReport, *, junit_path: str | None,
                summary_path: str | None) -> None:
     """--junit-xml, --summary-md, and $GITHUB_STEP_SUMMARY (appended) when set."""
-    if junit_path:
-        atomic_write_bytes(Path(junit_path), junit_xml(report))
-        say(f"junit xml: {junit_path}")
-    if summary_path:
-        atomic_write_bytes(Path(summary_path), summary_md(report).encode())
-        say(f"summary: {summary_path}")
+    for path, what in ((junit_path, "junit xml"), (summary_path, "summary")):
+        if not path:
+            continue
+        data = junit_xml(report) if what == "junit xml" else summary_md(report).encode()
+        try:
+            atomic_write_bytes(Path(path), data)
+        except OSError as exc:  # checked before the run; a disk that filled since
+            raise OutputFailed(f"cannot write the {what} {as_data(path)}: "
+                               f"{exc.strerror or exc}") from None
+        say(f"{what}: {path}")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         try:
