@@ -138,6 +138,7 @@ FILE_TIMES: dict[str, float] = {}
 # ones). `--no-loadscope-reorder` keeps this order (xdist's own puts the most tests first).
 HEAVY_FIRST = ["test_oracle_cpu.py", "test_cache.py", "test_faults_cpu_pin.py",
                "test_faults.py", "test_capture.py", "test_benchmarks.py",
+               "test_source_archive.py",
                "test_oracle_change.py", "test_explain.py", "test_numerics.py",
                "test_gate_host.py", "test_portable.py", "test_verify.py", "test_forging.py",
                "test_analyze.py", "test_wheelhouse.py", "test_html.py", "test_variants.py",
