@@ -40,7 +40,8 @@ def externals_block(checkout: Path, *, device: str, machine: str,
         lines += ["", "[[externals]]", f"name = {_toml_str(dec.name)}",
                   f"repository = {_toml_str(dec.repository or '')}",
                   f"src_dir_var = {_toml_str(dec.src_dir_var or '')}",
-                  f"devices = [{_toml_str(device)}]"]
+                  f"devices = [{_toml_str(device)}]",
+                  f"machines = [{_toml_str(machine)}]"]
         if not dec.src_dir_var:
             missing.append(f"{dec.name}: no *_SRC_DIR variable found near {dec.source}")
         commit = None
@@ -66,6 +67,12 @@ def externals_block(checkout: Path, *, device: str, machine: str,
                     reason = f"tag {dec.tag} is not in the mirror {mirror}"
         if commit is not None:
             lines.append(f"commit = {_toml_str(commit)}")
+            mirror = mirrors / dec.name if mirrors else None
+            if mirror is not None and mirror.exists():  # the files it names, by content
+                tree = git(["rev-parse", "--verify", "--quiet", f"{commit}^{{tree}}"],
+                           cwd=mirror, check=False, echo=False)
+                if tree.returncode == 0 and FULL_SHA.match(tree.output.strip()):
+                    lines.append(f"tree = {_toml_str(tree.output.strip())}")
         else:
             lines.append(f"commit = {{ status = \"unestablished\", reason = {_toml_str(reason)} }}")
             missing.append(f"{dec.name}: {reason}")
