@@ -244,13 +244,14 @@ def small_source_build(tmp_path: Path) -> tuple[Path, Pin, Path, Path, list[str]
 
 @pytest.mark.timeout(1800)
 def test_source_build_killed_at_every_step_then_recovers(tmp_path: Path) -> None:
-    """Every step of a build from source (preflight, venv, source, build-requirements,
-    wheel, check-wheel, install, identity, publish) on the small C-extension package: a
+    """Every step of a build from source (preflight, venv, source, toolchain,
+    build-requirements, wheel, check-wheel, install, identity, publish) on the small
+    C-extension package: a
     real git repository, a real wheel build, a real venv, every step in seconds. The
     wheelhouse goes after each run, so that every run plans the same source build."""
     _pin_path, pin, home, wheelhouse, args, steps = small_source_build(tmp_path)
-    assert steps == ["preflight", "venv", "source", "build-requirements", "wheel",
-                     "check-wheel", "install", "identity", "publish"]
+    assert steps == ["preflight", "venv", "source", "toolchain", "build-requirements",
+                     "wheel", "check-wheel", "install", "identity", "publish"]
     first = subprocess.run([sys.executable, "-m", "oracle_build", *args], cwd=REPO,
                            capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr[-2000:]
