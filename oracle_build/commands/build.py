@@ -76,7 +76,8 @@ def run_build(args: argparse.Namespace) -> int:
         p = recipe.plan(pin, target, home=home, wheelhouse_root=wheelhouse, mirror=mirror,
                         externals_dir=ext_dir,
                         checkout=Path(args.checkout).resolve() if args.checkout else None,
-                        compiler_cache=not args.no_compiler_cache, stop_after=args.stop_after)
+                        compiler_cache=not args.no_compiler_cache, stop_after=args.stop_after,
+                        reuse_built=not args.stop_after)
         if args.json:
             print(json.dumps(p.as_dict(), indent=2))
         else:

@@ -96,12 +96,14 @@ def build_until(pin: Pin, target_name: str, stop_after: str, *, home: Path,
                 externals_dir: Path | None = None, checkout: Path | None = None,
                 compiler_cache: bool = True, wait: bool = True) -> float:
     """The build of the pin's oracle up to ``stop_after`` (a step's name, or "configure"),
-    whatever is in place, under the same lock; nothing is published. Its seconds."""
+    whatever is in place, under the same lock; nothing is published. Its seconds. A source
+    pin's build compiles even when the wheelhouse holds a wheel built earlier: the build
+    being looked at is this one."""
     start = time.monotonic()
     with held(layout.build_lock(home, pin.key), what=f"build_oracle {pin.key}", wait=wait):
         p = plan(pin, target_name, home=home, wheelhouse_root=wheelhouse_root, mirror=mirror,
                  externals_dir=externals_dir, checkout=checkout,
-                 compiler_cache=compiler_cache, stop_after=stop_after)
+                 compiler_cache=compiler_cache, stop_after=stop_after, reuse_built=False)
         say(p.render())
         run(p)
     return time.monotonic() - start

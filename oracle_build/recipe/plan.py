@@ -126,7 +126,7 @@ def fetch_commands(plan_files: Callable[[str], Path], wh: Wheelhouse, pin: Pin,
 def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
          mirror: str | None = None, externals_dir: Path | None = None,
          checkout: Path | None = None, compiler_cache: bool = True,
-         stop_after: str | None = None) -> Plan:
+         stop_after: str | None = None, reuse_built: bool = True) -> Plan:
     """``checkout``: a tree at the pinned commit to read the build's facts from now
     (externals, switches, requirements, Rust); without it the build reads them from its
     own clone before configure, and refuses there what it would refuse here.
@@ -174,7 +174,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
         dist_version = pin.expected_distribution_version(target)
         torch = pin.torch_for(target)
         built = (wh.find_built(src.distribution, dist_version)
-                 if wh.manifest_path.exists() else None)
+                 if reuse_built and wh.manifest_path.exists() else None)
         from_wheelhouse = built is not None
         wheel_dir = wh.root if from_wheelhouse else staging / "dist"
         if from_wheelhouse:
