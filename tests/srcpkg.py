@@ -142,21 +142,10 @@ class cmake_build_ext(build_ext):
 
 setup(ext_modules=[CMakeExtension("vllm._C")], cmdclass={"build_ext": cmake_build_ext})
 """
-ARCHIVE_PYPROJECT = """
-[build-system]
-requires = ["setuptools>=77", "setuptools-scm>=8", "cmake>=3.26", "ninja"]
-build-backend = "setuptools.build_meta"
-
-[project]
-name = "vllm"
-dynamic = ["version"]
-
-[tool.setuptools]
-packages = ["vllm"]
-
-[tool.setuptools_scm]
-version_file = "vllm/_version.py"
-"""
+# the git package's pyproject, with CMake and ninja to build with and vLLM's version_file
+ARCHIVE_PYPROJECT = PYPROJECT.replace(
+    '"setuptools-scm>=8"]', '"setuptools-scm>=8", "cmake>=3.26", "ninja"]').replace(
+    "[tool.setuptools_scm]\n", '[tool.setuptools_scm]\nversion_file = "vllm/_version.py"\n')
 ARCHIVE_CMAKE = """
 cmake_minimum_required(VERSION 3.26)
 project(srcpkg C)

@@ -485,12 +485,6 @@ class Pin:
             return (self.path.parent / self.model.lock).resolve()
         return None
 
-    @property
-    def from_source(self) -> FromSource | None:
-        """The vLLM source when this pin builds vLLM (a git commit, a release archive)."""
-        src = self.model.vllm
-        return src if isinstance(src, FromSource) else None
-
     def patch_path(self, patch: Patch) -> Path:
         """A patch's file: inside the pin's folder (checked when the pin was loaded)."""
         return self.path.parent / patch.file

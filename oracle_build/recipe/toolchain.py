@@ -20,6 +20,7 @@ from oracle_build.contracts.pins import Patch, Pin
 from oracle_build.core import env as envmod
 from oracle_build.core import proc
 from oracle_build.core.env import tool_variable
+from oracle_build.core.errors import BadInput
 from oracle_build.recipe.cmake import Floor
 
 DEFAULTS = {"cc": "cc", "cxx": "c++"}
@@ -201,8 +202,6 @@ def compiler_cache(home: Path, staging: Path, *, cold: bool = False) -> Compiler
               Path(named).expanduser().resolve() if named else home / "ccache")
     maxsize = tool_variable("ORACLE_BUILD_COMPILER_CACHE_SIZE") or CCACHE_MAXSIZE
     if not re.fullmatch(r"\d+(\.\d+)?[kKMGT]?i?", maxsize):
-        from oracle_build.core.errors import BadInput
-
         raise BadInput("$ORACLE_BUILD_COMPILER_CACHE_SIZE",
                        [("<value>", f"{maxsize!r} is not a size like 8G or 500M")])
     return CompilerCache(ccache, folder, maxsize, cold, staging / "ccache-stats.log")
