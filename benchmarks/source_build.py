@@ -14,8 +14,14 @@ Three timings, each in a fresh home:
   warm   `oracle-build build` in another home at another path, the same compiler cache
          (a reimaged host that kept its cache, a second checkout, a --rebuild)
 and the ratios cold / floor (target: at most 1.05, the compile is the limit) and warm / cold
-(target: a tenth). --quick runs the small package of tests/srcpkg.py as an sdist through the
-same code paths. Without --quick: pins/cpu-source.toml (an hour for each of floor and cold).
+(target: a tenth). Each leg's compiled files (the ELF files the built distribution's wheel
+installs) are hashed and compared across the legs: cold and warm are two builds of one pin in
+two homes at paths of different lengths, at different times (issue 44: the same bytes); the
+floor, with no compiler launcher, sees absolute source paths (for timing, not for bytes).
+--cache DIR keeps the cold leg's compiler cache (absent or empty at the start) for later
+builds, instead of a throwaway one. --quick runs the small package of tests/srcpkg.py as an
+sdist through the same code paths. Without --quick: pins/cpu-source.toml (an hour for each of
+floor and cold).
 """
 
 from __future__ import annotations
@@ -36,8 +42,17 @@ from benchmarks import fmt  # noqa: E402
 from oracle_build.contracts.pins import load_pin  # noqa: E402
 from oracle_build.core import layout, proc  # noqa: E402
 from oracle_build.core.log import Steps  # noqa: E402
+from oracle_build.oracle.inventory import compiled_files  # noqa: E402
 from oracle_build.recipe.model import BuildState  # noqa: E402
 from oracle_build.recipe.plan import plan as make_plan  # noqa: E402
+
+Compiled = dict[str, str]
+
+
+def built(pin: Path, home: Path) -> Compiled:
+    """The compiled files of the oracle a build left in ``home``."""
+    p = load_pin(pin)
+    return compiled_files(layout.oracle_path(home, p.key), p.model.vllm.distribution)
 
 
 def timed_build(pin: Path, home: Path, cache: Path, externals: Path | None,
@@ -60,7 +75,7 @@ def timed_build(pin: Path, home: Path, cache: Path, externals: Path | None,
 
 
 def floor(pin_path: Path, home: Path, externals: Path | None,
-          wheelhouse: Path | None) -> float:
+          wheelhouse: Path | None) -> tuple[float, Compiled]:
     """The tool's own steps prepare the staging folder up to the wheel (not timed); then the
     plan's wheel command without a compiler launcher and the plan's install commands, each
     run as a person would run them (timed)."""
@@ -91,8 +106,24 @@ def floor(pin_path: Path, home: Path, externals: Path | None,
             write_lock_requirements(state, exclude={"vllm"})
         proc.run_cmd(cmd, log=p.log)
     seconds = time.monotonic() - start
+    compiled = compiled_files(p.staging_venv, pin.model.vllm.distribution)
     shutil.rmtree(p.staging, ignore_errors=True)
-    return seconds
+    return seconds, compiled
+
+
+def compare(legs: dict[str, Compiled]) -> list[str]:
+    """Lines saying, per compiled file, whether every leg gave the same bytes."""
+    names = sorted({n for c in legs.values() for n in c})
+    lines = []
+    for name in names:
+        got = {leg: c.get(name, "absent") for leg, c in legs.items()}
+        same = len(set(got.values())) == 1
+        short = name.rsplit("/site-packages/", 1)[-1]
+        first = next(iter(got.values()))
+        lines.append(f"    {short}: " + (
+            f"same in {', '.join(got)} ({first[:16]})" if same
+            else "DIFFERS: " + ", ".join(f"{leg} {h[:16]}" for leg, h in got.items())))
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,10 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wheelhouse", default=str(layout.default_wheelhouse(
         layout.default_home())), help="where the locked wheels and the source archive are "
         "kept between rounds (default: the default home's)")
+    ap.add_argument("--cache", help="the cold leg's compiler cache, absent or empty, kept "
+                    "afterwards (default: a throwaway one)")
     ap.add_argument("--quick", action="store_true",
                     help="the small package of tests/srcpkg.py as an sdist (CI)")
     args = ap.parse_args(argv)
     times: dict[str, list[float]] = {"floor": [], "cold": [], "warm": []}
+    bytes_lines: list[str] = []
+    kept = Path(args.cache).resolve() if args.cache else None
+    if kept is not None and kept.exists() and any(kept.iterdir()):
+        ap.error(f"--cache {kept}: not empty (the cold leg needs an empty compiler cache)")
     with tempfile.TemporaryDirectory(prefix="source-bench-") as tmp:
         root = Path(tmp)
         pin = Path(args.pin)
@@ -120,15 +157,19 @@ def main(argv: list[str] | None = None) -> int:
             sdist = make_sdist(root / "sdist")
             pin, externals, wheelhouse = write_sdist_pin(sdist), sdist.externals, None
         for n in range(args.rounds):
-            times["floor"].append(floor(pin, root / f"floor-{n}", externals, wheelhouse))
-            cache = root / f"ccache-{n}"
-            times["cold"].append(timed_build(pin, root / f"cold-{n}", cache, externals,
-                                             wheelhouse))
-            times["warm"].append(timed_build(pin, root / "elsewhere" / f"warm-{n}", cache,
-                                             externals, wheelhouse))
-            for home in (root / f"floor-{n}", root / f"cold-{n}",
-                         root / "elsewhere" / f"warm-{n}", cache):
+            seconds, floor_bytes = floor(pin, root / f"floor-{n}", externals, wheelhouse)
+            times["floor"].append(seconds)
+            cache = kept if kept is not None and n == 0 else root / f"ccache-{n}"
+            cold, warm = root / f"cold-{n}", root / "elsewhere" / "at-a-longer-path" / f"warm-{n}"
+            times["cold"].append(timed_build(pin, cold, cache, externals, wheelhouse))
+            times["warm"].append(timed_build(pin, warm, cache, externals, wheelhouse))
+            bytes_lines.append(f"  round {n + 1}, compiled files (sha256):")
+            bytes_lines += compare({"cold": built(pin, cold), "warm": built(pin, warm),
+                                    "floor": floor_bytes})
+            for home in (root / f"floor-{n}", cold, warm):
                 shutil.rmtree(home, ignore_errors=True)
+            if cache != kept:
+                shutil.rmtree(cache, ignore_errors=True)
     print(f"source build of {load_pin(pin).id if not args.quick else 'the small sdist'}, "
           f"{args.rounds} round(s)")
     for key, xs in times.items():
@@ -136,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
     print(f"  cold / floor: {med['cold'] / med['floor']:.3f}x (target <= 1.05x)")
     print(f"  warm / cold:  {med['warm'] / med['cold']:.3f}x (target <= 0.10x)")
+    print("\n".join(bytes_lines))
     return 0
 
 

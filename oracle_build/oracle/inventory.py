@@ -191,6 +191,26 @@ def build(venv: Path, *, relocated: dict[str, str] | None = None,
     return out
 
 
+ELF_MAGIC = b"\x7fELF"
+
+
+def compiled_files(venv: Path, distribution: str) -> dict[str, str]:
+    """The files a distribution's wheel installed that a compiler made (ELF: the extension
+    modules and shared libraries), as relative path -> sha256: what a source build must give
+    byte for byte on every rebuild (issue 44)."""
+    dist = str(canonicalize_name(distribution))
+    out: dict[str, str] = {}
+    for rel, (owner, _) in sorted(records(venv).items()):
+        path = venv / rel
+        if owner != dist or path.is_symlink() or not path.is_file():
+            continue
+        with open(path, "rb") as f:
+            if f.read(4) != ELF_MAGIC:
+                continue
+        out[rel] = sha256_file(path)
+    return out
+
+
 # Written by the installer, not taken from a wheel: each names the venv's own path (the
 # scripts' shebangs, and the RECORD listing their hashes) or the install itself.
 INSTALLER_FILES = ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json",

@@ -50,6 +50,10 @@ __all__ = ["UV_VERSION", "Plan", "Step", "fetch_commands", "plan"]
 # build take kernels from elsewhere or stamp a version it did not compute.
 WHEEL_UNSET = ("VLLM_USE_PRECOMPILED", "SETUPTOOLS_SCM_PRETEND_VERSION",
                "VLLM_VERSION_OVERRIDE", "VLLM_SKIP_VERSION_SUFFIX")
+# what makes a CMake build's compiled bytes independent of where it ran (issue 44): without it
+# the build tree's RPATH (an absolute path into the staging folder) is linked in and install
+# blanks it in place, leaving .dynstr as long as that path was
+REPRODUCIBLE_CMAKE_ARGS = ("-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",)
 # what the compile's command lines take from the environment of a source build: each is the
 # plan's or unset, never the caller's (a CFLAGS of the caller's would change every object)
 FLAGS_UNSET = ("CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CC", "CXX", "CCACHE_DISABLE",
@@ -285,7 +289,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
             wheel_env = {**build_env, **rust_env, **source_build_env(
                 pin, staging, svenv, compilers, ccache)}
             wheel_env["CMAKE_ARGS"] = " ".join(
-                [*(build_env.get("CMAKE_ARGS", "").split()),
+                [*(build_env.get("CMAKE_ARGS", "").split()), *REPRODUCIBLE_CMAKE_ARGS,
                  *ccache.cmake_args(devices.module(target).LAUNCHER_LANGS)])
             build_env = {k: v for k, v in wheel_env.items() if k not in rust_env}
             stop = CONFIGURED if stop_after == "configure" else None
