@@ -174,6 +174,9 @@ set_target_properties(_C PROPERTIES PREFIX "" SUFFIX "" OUTPUT_NAME "${OUT_NAME}
 ARCHIVE_OPS_C = OPS_C.replace("#include <Python.h>", '#include <Python.h>\n#include "tinydep.h"') \
     .replace("PyLong_FromLong(42)", "PyLong_FromLong(TINYDEP_VALUE)")
 TINYDEP_H = "#define TINYDEP_VALUE 42\n"
+# the same package made unreproducible, as many are: the time of its compile in its bytes
+STAMPED_OPS_C = ARCHIVE_OPS_C + (
+    'const char srcpkg_built_at[] __attribute__((used)) = "built " __DATE__ " " __TIME__;\n')
 
 
 def floor_patch() -> str:
@@ -211,7 +214,7 @@ def _tar(folder: Path, out: Path) -> None:
         tf.add(folder, arcname=folder.name)
 
 
-def make_sdist(root: Path) -> Sdist:
+def make_sdist(root: Path, *, ops_c: str = ARCHIVE_OPS_C) -> Sdist:
     """The package's release archive, its external's archive (and the external's commit and
     git tree, from a real git repository), and the patch that lowers its floor."""
     import hashlib
@@ -238,7 +241,7 @@ def make_sdist(root: Path) -> Sdist:
     (top / "setup.py").write_text(ARCHIVE_SETUP_PY)
     (top / "pyproject.toml").write_text(ARCHIVE_PYPROJECT)
     (top / "CMakeLists.txt").write_text(ARCHIVE_CMAKE.lstrip("\n"))
-    (top / "csrc" / "ops.c").write_text(ARCHIVE_OPS_C)
+    (top / "csrc" / "ops.c").write_text(ops_c)
     (top / "vllm" / "__init__.py").write_text(INIT_PY)
     (top / "vllm" / "_version.py").write_text(
         f"__version__ = version = '{ARCHIVE_VERSION}'\n"

@@ -534,6 +534,67 @@ def test_oracle_env_scrubs_the_loader(monkeypatch: pytest.MonkeyPatch,
         "LD_LIBRARY_PATH": "x", "OMP_NUM_THREADS": "2"}
 
 
+def test_oracle_env_is_built_not_inherited(monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 45: of the caller's environment only what a process needs to run (and which
+    device the scheduler gave it) reaches the oracle; every variable the engine would have
+    read is dropped and said once, escaped; the overlay (pin, variant, caches, a spec's
+    [env]) is what sets them."""
+    from oracle_build.core import env as envmod
+
+    dropped = {"VLLM_LOGGING_CONFIG_PATH": "/tmp/evil.json", "VLLM_PLUGINS": "evil",
+               "TORCHINDUCTOR_CACHE_DIR": "/tmp/kernels", "PYTHONPATH": "/tmp/mods",
+               "HF_HOME": "/tmp/hf", "TRITON_CACHE_DIR": "/tmp/t", "OMP_NUM_THREADS": "7",
+               "VLLM_X\nORACLE_IDENTITY_OK": "1"}
+    kept = {"PATH": "/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8", "CUDA_VISIBLE_DEVICES": "1", "TZ": "UTC"}
+    for k in list(os.environ):
+        monkeypatch.delenv(k)
+    for k, v in {**dropped, **kept, "SOME_UNRELATED": "x"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(envmod, "_told", set())
+    env = envmod.oracle_env({"OMP_NUM_THREADS": "2", "VLLM_CPU_OMP_THREADS_BIND": "all"})
+    assert env == {**kept, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "2",
+                   "VLLM_CPU_OMP_THREADS_BIND": "all"}
+    err = capsys.readouterr().err
+    for name in ("VLLM_LOGGING_CONFIG_PATH", "VLLM_PLUGINS", "TORCHINDUCTOR_CACHE_DIR",
+                 "PYTHONPATH", "HF_HOME", "TRITON_CACHE_DIR", "OMP_NUM_THREADS"):
+        assert name in err, name
+    assert "SOME_UNRELATED" not in err and "\nORACLE_IDENTITY_OK" not in err
+    assert "VLLM_X\\nORACLE_IDENTITY_OK" in err  # escaped, never a line of its own
+    envmod.oracle_env({})
+    assert capsys.readouterr().err == ""  # said once
+
+
+@pytest.mark.parametrize(("name", "value", "why"), [
+    ("VLLM_LOGGING_CONFIG_PATH", "x.json", "names a path"),
+    ("VLLM_PLUGINS", "evil", "names a plugin"),
+    ("TORCHINDUCTOR_CACHE_DIR", "k", "names a dir"),
+    ("PYTHONPATH", "x", "set by the tool"),
+    ("LD_PRELOAD", "x", "set by the tool"),
+    ("ATEN_CPU_CAPABILITY", "avx2", "set by the tool"),
+    ("VLLM_ENABLE_V1_MULTIPROCESSING", "1", "set by the tool"),
+    ("VLLM_ATTENTION_BACKEND", "/tmp/x", "not a plain setting"),
+    ("vllm_lower", "1", "not an environment variable name"),
+])
+def test_spec_env_refuses_what_loads_code(tmp_path: Path, name: str, value: str,
+                                          why: str) -> None:
+    """A capture spec's [env] is configuration: a golden is someone else's file, re-run by
+    verify, so it may set plain settings and nothing that names a file, loads code or sets
+    what the tool sets."""
+    from oracle_build.contracts.spec import load_spec
+    from oracle_build.core.errors import BadInput
+
+    spec = (REPO / "goldens" / "tiny-llama-greedy" / "spec.toml").read_text()
+    path = tmp_path / "spec.toml"
+    path.write_text(spec + f'\n[env]\nVLLM_CPU_OMP_THREADS_BIND = "all"\n{name} = "{value}"\n')
+    with pytest.raises(BadInput) as exc:
+        load_spec(path)
+    assert why in exc.value.message, exc.value.message
+    path.write_text(spec + '\n[env]\nVLLM_CPU_OMP_THREADS_BIND = "all"\n')
+    assert load_spec(path).env == {"VLLM_CPU_OMP_THREADS_BIND": "all"}
+
+
 def test_imported_text_is_printed_on_one_line(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     """An imported golden's prose (the source's own reasons) is printed escaped: a newline in

@@ -38,6 +38,8 @@ EXIT_CODES_HELP = """exit codes:
   17 the oracle cache holds no artifact for this pin and target
   18 a cache artifact was refused: unsigned, untrusted key, bad signature, corrupted blob,
      a wheel not in the lock, a missing layer, or another pin's or target's artifact
+  19 build --check: a cold rebuild of the source pin gave other compiled bytes (the files
+     and their differing ELF sections named); ORACLE_NOT_REPRODUCED
   70 internal error: a bug in oracle-build, never a verdict (traceback in the log named)
   130 interrupted
 """

@@ -29,6 +29,7 @@ from oracle_build.contracts.base import (
 )
 from oracle_build.contracts.spec import Classification, EngineValue, GateSpec
 from oracle_build.contracts.topk import TopKTable
+from oracle_build.core.env import SPEC_ENV_NAME, spec_env_problem
 from oracle_build.core.errors import BadInput
 from oracle_build.core.files import (
     dumps_json,
@@ -441,6 +442,12 @@ class Recorded:
     logprobs: int
 
     @property
+    def spec_env(self) -> dict[str, str]:
+        """The capture spec's [env] (checked by ``recorded``): what the engine's environment
+        held beyond what the tool builds, set again on every re-run."""
+        return dict(self.spec.get("env") or {})
+
+    @property
     def kernel_variant(self) -> str | None:
         """The CPU kernel variant the golden's engine ran under: as read from its process,
         or, for a golden captured before variants were held, the one its identity detected
@@ -465,5 +472,14 @@ def recorded(golden: Golden, path: Path) -> Recorded:
     assert isinstance(golden.oracle, OracleRecord) and golden.engine is not None
     assert golden.spec is not None and golden.batch is not None
     assert golden.environment is not None and golden.logprobs is not None
+    env = golden.spec.get("env", {})
+    if not isinstance(env, dict) or len(env) > 64:
+        raise BadInput(path, [("spec.env", "is not a table of at most 64 settings")])
+    for name, value in env.items():
+        problem = (spec_env_problem(name, value) if isinstance(value, str)
+                   else "value is not a string")
+        if problem is not None:
+            raise BadInput(path, [(f"spec.env.{name if SPEC_ENV_NAME.match(name) else '<name>'}",
+                                   problem)])
     return Recorded(golden, golden.oracle, golden.engine, golden.spec, golden.batch,
                     golden.environment, golden.logprobs)

@@ -411,6 +411,15 @@ class Patch(Strict):
         return m.group(1), m.group(2), m.group(3)
 
 
+class Reproducible(Strict):
+    """What is known of a source pin's reproducibility: two cold builds in two homes gave
+    the same compiled bytes ("yes", the note says when and where it was measured), or did
+    not ("no", the note says what differs and why)."""
+
+    status: Literal["yes", "no"]
+    note: str = Field(min_length=1, max_length=2000)
+
+
 class PinModel(Strict):
     schema_: int = Field(alias="schema")
     id: SafeName
@@ -422,6 +431,10 @@ class PinModel(Strict):
     lock: str | UnestablishedValue
     lock_exclude: list[str] = Field(default_factory=list)
     lock_exclude_reason: str | None = None
+    # a source pin's established compiled bytes: a file beside the pin (contracts/compiled.py),
+    # written by `oracle-build lock --compiled`; the recipe's output, not in the content hash
+    compiled: SafeName | UnestablishedValue | None = None
+    reproducible: Reproducible | None = None  # unset: not measured
     build: Build = Field(default_factory=Build)
     externals: list[External] = Field(default_factory=list)
     patches: list[Patch] = Field(default_factory=list)
@@ -445,6 +458,11 @@ class PinModel(Strict):
         if self.patches and isinstance(self.vllm, WheelSource):
             raise ValueError("patches change a source before it is built; this pin installs "
                              "a wheel")
+        if (self.compiled is not None or self.reproducible is not None) and isinstance(
+                self.vllm, WheelSource):
+            raise ValueError("compiled and reproducible are about the bytes a source build "
+                             "gives; this pin installs a wheel (its bytes are the wheel's "
+                             "sha256 in the lock)")
         for i, patch in enumerate(self.patches):
             unknown = sorted(set(patch.targets or []) - set(self.targets))
             if unknown:
@@ -483,6 +501,13 @@ class Pin:
     def lock_path(self) -> Path | None:
         if isinstance(self.model.lock, str):
             return (self.path.parent / self.model.lock).resolve()
+        return None
+
+    @property
+    def compiled_path(self) -> Path | None:
+        """The file of established compiled bytes beside the pin (a plain file name)."""
+        if isinstance(self.model.compiled, str):
+            return self.path.parent / self.model.compiled
         return None
 
     def patch_path(self, patch: Patch) -> Path:
@@ -617,6 +642,8 @@ def hashed_form(model: PinModel) -> dict[str, Any]:
     its hash (its oracle's key, its wheelhouse, the pin_hash its goldens record)."""
     data: dict[str, Any] = model.model_dump(mode="json", by_alias=True)
     data.pop("default", None)  # how the pin is chosen, not what it builds
+    data.pop("compiled", None)  # what its builds gave, not what they build from
+    data.pop("reproducible", None)
     if data["build"].get("rust_frontend") is None:
         data["build"].pop("rust_frontend", None)
     for name in ("cc", "cxx"):

@@ -81,6 +81,8 @@ class ToolchainFacts(Strict):
     """The toolchain a from-source build ran: part of the recipe, so part of the record."""
 
     compilers: dict[str, CompilerFacts]
+    # the linker the C++ compiler runs (`<cxx> -print-prog-name=ld`, its --version line)
+    linker: str | None = None
     cmake: str | None = None
     ninja: str | None = None
     # what the compile's command lines take from the build: CMAKE_ARGS, CMAKE_BUILD_TYPE,
@@ -116,6 +118,19 @@ class ExternalFacts(Strict):
     commit: str | None
     origin: str  # the mirror or the archive whose files hash to the tree
     kind: Literal["mirror", "archive"]
+
+
+class CompiledFacts(Strict):
+    """What a from-source build compiled (issue 44): every file a compiler made that the
+    built distribution's wheel installs, the toolchain those bytes depend on beyond the pin,
+    the levers the build set so that they depend on nothing else (not where it ran, not
+    when), and what the pin says of its reproducibility."""
+
+    files: dict[str, Sha256]  # path under site-packages -> sha256
+    # recipe.toolchain.toolchain_key; None: installed from a wheel an earlier build made
+    toolchain: str | None
+    levers: list[str]
+    reproducible: str
 
 
 class CompilerCacheFacts(Strict):
@@ -212,6 +227,7 @@ class BuildRecord(Strict):
     toolchain: ToolchainFacts | None = None
     externals_by_tree: dict[str, ExternalFacts] | None = None
     compiler_cache: CompilerCacheFacts | None = None
+    compiled: CompiledFacts | None = None
     manifest: ManifestSummary
 
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from oracle_build.contracts.base import FULL_SHA, SafeName, Sha256, Strict, TokenId
+from oracle_build.core.env import SPEC_ENV_NAME, spec_env_problem
 from oracle_build.core.files import load_toml, validate
 
 SPEC_SCHEMA = 1
@@ -122,6 +123,9 @@ class Spec(Strict):
     logprobs: int = Field(default=20, ge=1, le=20)
     gate: GateSpec = Field(default_factory=GateSpec)
     classification: dict[str, Classification] = Field(default_factory=dict)
+    # what the engine's environment holds beyond what the tool builds: configuration,
+    # recorded in the golden and held to on verify (core/env.py says what it may not set)
+    env: dict[str, str] = Field(default_factory=dict, max_length=64)
 
     @model_validator(mode="after")
     def _checks(self) -> Spec:
@@ -138,6 +142,11 @@ class Spec(Strict):
                 raise ValueError("batch.groups must name every prompt id exactly once")
             if any(not g for g in self.batch.groups):
                 raise ValueError("batch.groups has an empty group")
+        for name, value in self.env.items():
+            problem = spec_env_problem(name, value)
+            if problem is not None:
+                raise ValueError(f"@env.{name if SPEC_ENV_NAME.match(name) else '<name>'}: "
+                                 f"{problem}")
         for key in self.engine:
             if key in ("model", "tokenizer"):
                 raise ValueError(f"engine.{key}: the model comes from [model], not engine")

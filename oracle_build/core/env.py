@@ -5,6 +5,7 @@ prefixes in their request (they import nothing from the harness)."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 
 from oracle_build.core.log import say
@@ -52,11 +53,36 @@ GIT = {"GIT_ALLOW_PROTOCOL": "file:https:http:ssh:git", "GIT_TERMINAL_PROMPT": "
 _told: set[str] = set()
 
 
+# What of the caller's environment reaches a process of the oracle (probe, engine host,
+# numerics, margin, explain, diff): what a process needs to run, and which device the
+# machine's scheduler gave it. Nothing else: every variable that chooses code, libraries,
+# caches or numerics is built (the pin's target env, the held kernel variant, the compile
+# caches, a capture spec's [env]), never inherited (Nix's pure build environment, Bazel's
+# --incompatible_strict_action_env). VLLM_LOGGING_CONFIG_PATH alone runs any callable
+# (logging.config.dictConfig's "()" factory).
+PASSED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+          "NO_COLOR")
+PASSED_PREFIXES = ("LC_",)
+DEVICE_SELECTION = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                    "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+# the caller's variables a dropped note names (what the engine or a library it loads reads)
+READ_BY_ENGINE = (*RECORDED_PREFIXES, "PYTHON", "HF_", "HUGGINGFACE", "TRANSFORMERS_",
+                  "TOKENIZERS_", "XDG_", "TMP", "TEMP", "SSL_", "REQUESTS_", "CURL_")
+
+
+def passed(key: str) -> bool:
+    """Whether the caller's ``key`` reaches a process of the oracle."""
+    return key in PASSED or key in DEVICE_SELECTION or key.startswith(PASSED_PREFIXES)
+
+
 def oracle_env(overlay: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a process run by the oracle's python: the caller's, less what is
-    scrubbed and the loader's variables, plus ``overlay`` (the pin's target env)."""
+    """The environment of a process run by the oracle's python: the caller's PASSED
+    variables, plus ORACLE_RUN, plus ``overlay`` (the pin's target env, the held variant,
+    the caches, a spec's [env]). What the caller set that the engine would have read, and
+    that is dropped, is said once per process of the tool."""
+    overlay = overlay or {}
     loader = sorted(k for k in os.environ if k.startswith(LOADER_PREFIX))
-    untold = [k for k in loader if k not in _told and k not in (overlay or {})]
+    untold = [k for k in loader if k not in _told and k not in overlay]
     if untold:
         say(f"note: {', '.join(untold)} not passed to the oracle (the shared libraries it "
             "maps are part of its identity; a pin's target env may set them)")
@@ -64,16 +90,59 @@ def oracle_env(overlay: Mapping[str, str] | None = None) -> dict[str, str]:
     numerics = sorted(k for k in os.environ if k in CPU_NUMERICS)
     untold = [k for k in numerics if k not in _told]
     if untold:
-        shown = ", ".join(f"{k}={os.environ[k]!r}" for k in untold)
+        shown = ", ".join(f"{k}={as_shown(os.environ[k])}" for k in untold)
         say(f"note: {shown} not passed to the oracle (they move CPU numerics: the kernel "
             "variant the run holds sets them; a pin's kernel_variant or --kernel-variant "
             "chooses it)")
         _told.update(untold)
-    env = {k: v for k, v in os.environ.items()
-           if k not in SCRUBBED and k not in CPU_NUMERICS and not k.startswith(LOADER_PREFIX)}
+    rest = sorted(k for k in os.environ if not passed(k) and k not in _told
+                  and k.startswith(READ_BY_ENGINE) and os.environ[k] != overlay.get(k))
+    if rest:
+        say(f"note: {', '.join(as_shown(k) for k in rest)} not passed to the oracle (its "
+            "environment is built, not inherited: a variable the engine should see is "
+            "configuration, set in the capture spec's [env], recorded in the golden and held "
+            "to on verify; docs/build-and-identity.md#what-reaches-the-engine)")
+        _told.update(rest)
+    env = {k: v for k, v in os.environ.items() if passed(k)}
     env.update(ORACLE_RUN)
-    env.update(overlay or {})
+    env.update(overlay)
     return env
+
+
+def as_shown(value: str) -> str:
+    """A caller's name or value in a note: escaped (a newline cannot start a line)."""
+    from oracle_build.core.errors import as_data
+
+    return as_data(value, 200)
+
+
+# What a capture spec's [env] may not set. A golden is someone else's file, and its spec
+# is re-run by verify: it may not load code or libraries (a file, a folder, a module, a
+# plugin), move a cache, or set what the tool itself sets (the held kernel variant, the
+# engine's process layout, the tool's own variables).
+SPEC_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
+SPEC_ENV_WORDS = ("PATH", "DIR", "ROOT", "HOME", "FILE", "CONFIG", "PLUGIN", "CACHE",
+                  "MODULE", "LIB", "PRELOAD", "SCRIPT", "HOOK", "CMD", "COMMAND", "EXEC",
+                  "URL", "HOST", "PORT", "ENDPOINT", "PROXY", "TOKEN", "KEY", "SECRET")
+TOOL_SET = ("VLLM_ENABLE_V1_MULTIPROCESSING",)
+
+
+def spec_env_problem(name: str, value: str) -> str | None:
+    """Why a capture spec may not set ``name`` to ``value`` (None: it may)."""
+    if not SPEC_ENV_NAME.match(name):
+        return "is not an environment variable name (A-Z, 0-9 and _, at most 64)"
+    if (name in SCRUBBED or name in CPU_NUMERICS or name in TOOL_SET or name in PASSED
+            or name in DEVICE_SELECTION or name.startswith(("LD_", "PYTHON", "ORACLE_BUILD_"))):
+        return ("is set by the tool, or never passed to the oracle (the held kernel variant, "
+                "the loader, Python's start-up, the tool's own)")
+    word = next((w for w in SPEC_ENV_WORDS if w in name), None)
+    if word is not None:
+        return (f"names a {word.lower()}: a spec may not point the engine at files, code, "
+                "caches or the network (a pin's target env may, on its own host)")
+    if len(value) > 256 or "/" in value or "\\" in value or any(
+            ord(c) < 32 or ord(c) == 127 for c in value):
+        return "value is not a plain setting (a path, a control character, or over 256)"
+    return None
 
 
 def build_dropped(key: str) -> bool:

@@ -29,6 +29,7 @@ EXIT_REGISTRY = 15  # the oracle cache's registry failed (unreachable, 5xx, rese
 EXIT_REGISTRY_AUTH = 16  # the registry refused our credentials, or we have none it accepts
 EXIT_NOT_CACHED = 17  # the cache holds no artifact for this pin and target
 EXIT_CACHE_REFUSED = 18  # an artifact refused: unsigned, untrusted, tampered, another pin's
+EXIT_NOT_REPRODUCED = 19  # build --check: a cold rebuild gave other compiled bytes
 EXIT_INTERNAL = 70  # an unforeseen error (a bug of ours): one line, the traceback in a log
 EXIT_INTERRUPTED = 130
 

@@ -20,6 +20,8 @@ NUMERICS_OK = "ORACLE_NUMERICS_OK"
 NUMERICS_DRIFT = "ORACLE_NUMERICS_DRIFT"
 NUMERICS_NOT_HELD = "ORACLE_NUMERICS_NOT_HELD"
 NUMERICS_CAPTURED = "ORACLE_NUMERICS_CAPTURED"
+REPRODUCED = "ORACLE_REPRODUCED"
+NOT_REPRODUCED = "ORACLE_NOT_REPRODUCED"
 NUMERICS_LINES = (NUMERICS_OK, NUMERICS_DRIFT, NUMERICS_NOT_HELD, NUMERICS_CAPTURED)
 # an imported golden's banner: nothing can be re-run under a configuration never recorded
 UNRECORDED_BANNER = "CONFIGURATION UNRECORDED: NOT ADJUDICABLE"
@@ -32,6 +34,13 @@ VERDICT = re.compile(r"^\s*(ORACLE_[A-Z_]+|=> |verify: .*\(exit \d+\)|#+ oracle-
 def identity(ok: bool) -> str:
     """The identity block's last line (mismatches follow a MISMATCH line, indented)."""
     return IDENTITY_OK if ok else IDENTITY_MISMATCH
+
+
+def reproduced(same: bool, files: int) -> str:
+    """build_oracle --check's closing line: a cold rebuild gave the same compiled bytes (or
+    not), over how many files."""
+    assert files >= 0
+    return f"{REPRODUCED if same else NOT_REPRODUCED}: {files} compiled files compared"
 
 
 def identity_then(ok_what: str) -> str:

@@ -148,7 +148,8 @@ class EngineSession:
                 log.parent.mkdir(parents=True, exist_ok=True)
                 answer = self.oracle.venv.run_inside(
                     "driver.py", [], request=request,
-                    env=engine_env(target, self.oracle.hold, caches), log=log,
+                    env=engine_env(target, self.oracle.hold, caches, self.oracle.spec_env),
+                    log=log,
                     what="vLLM engine")
             use.clean = answer.data is not None and answer.data.get("ok") is True
         if answer.data is None:

@@ -20,9 +20,17 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from oracle_build import devices, host
-from oracle_build.contracts.pins import ArchiveSource, GitSource, Pin, Target
+from oracle_build.contracts.compiled import load_compiled
+from oracle_build.contracts.pins import (
+    ArchiveSource,
+    FromSource,
+    GitSource,
+    Pin,
+    Target,
+    UnestablishedValue,
+)
 from oracle_build.contracts.probe import ProbeFacts
-from oracle_build.contracts.record import load_record
+from oracle_build.contracts.record import CompiledFacts, load_record
 from oracle_build.core import layout, verdicts
 from oracle_build.core.env import RECORDED_PREFIXES
 from oracle_build.core.errors import BadInput, BuildFailed, IdentityMismatch, as_data
@@ -45,6 +53,8 @@ class Identity:
     files: inventory.Check | None = None
     # the pin's patches this oracle's source was built with (its build record's), by file
     patches: list[str] = field(default_factory=list)
+    # a source oracle's compiled files against the pin's established bytes, in words
+    compiled: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -69,6 +79,7 @@ class Identity:
             "distributions": {k: v["version"] for k, v in
                               sorted(self.facts.get("distributions", {}).items())},
             "patches": list(self.patches),
+            "compiled": self.compiled,
             "mismatches": [{"field": f, "expected": e, "found": g} for f, e, g in self.mismatches],
         }
 
@@ -93,6 +104,8 @@ class Identity:
             f"torch {s['torch'] or '-'}   {s['device']}",
             f"vllm_file {s['vllm_file'] or '-'}",
         ]
+        if self.compiled:
+            lines.append(f"compiled {as_data(self.compiled)}")
         lines.append(verdicts.identity(self.ok))
         if not self.ok:
             lines += [f"  {as_data(f)}: expected {as_data(str(e))}, found {as_data(str(g))}"
@@ -282,6 +295,8 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
                                                         inventory.outside_startup(facts, venv))
             ident.mismatches += record_checks(venv, facts)
             ident.mismatches += source_record_checks(pin, venv)
+            problems, ident.compiled = recorded_compiled_checks(pin, target, venv)
+            ident.mismatches += problems
         ident.patches = applied_patches(venv)
     libs = [e["path"] for e in facts.get("extensions", [])]
     ident.compiled_sm, problems = devices.module(target).compiled(target, libs)
@@ -318,6 +333,80 @@ def source_record_checks(pin: Pin, venv: Path) -> list[tuple[str, str, str]]:
                         f"sha256 {pinned.get(patch.file) or '(not in the pin)'}",
                         f"sha256 {patch.sha256}"))
     return bad
+
+
+CHECK_HINT = "rebuilt from the same source, other bytes: see `build_oracle -- --check`"
+
+
+def recorded_compiled_checks(pin: Pin, target: Target, venv: Path) -> tuple[
+        list[tuple[str, str, str]], str | None]:
+    """compiled_checks on what the oracle's (anchored) build record says it compiled; the
+    files themselves are the manifest's, which the file check holds them to."""
+    if not isinstance(pin.model.vllm, FromSource):
+        return [], None
+    try:
+        record = load_record(OracleVenv(venv).record_path)
+    except (BadInput, OSError):
+        return [], None  # the record's own checks say what is wrong with it
+    name = record.target.get("name")
+    return compiled_checks(pin, str(name), target.machine, record.compiled)
+
+
+def compiled_checks(pin: Pin, target_name: str, machine: str,
+                    compiled: CompiledFacts | None) -> tuple[list[tuple[str, str, str]],
+                                                            str | None]:
+    """A source oracle's compiled files against the bytes the pin holds for its content
+    hash, target and machine (pins/<id>.compiled.toml): the mismatches, and a line saying
+    what was compared. Equal to any established entry passes; otherwise the entry of the
+    same toolchain (same source, same toolchain, other bytes: not reproducible, or not the
+    pin's build) or the latest one (another toolchain) is named, file by file."""
+    if not isinstance(pin.model.vllm, FromSource):
+        return [], None
+    held = pin.model.compiled
+    if isinstance(held, UnestablishedValue):
+        return [], f"bytes unestablished in the pin: {held.reason}"
+    path = pin.compiled_path
+    if path is None:
+        return [], "bytes not held by the pin (it names no compiled file)"
+    lock = load_compiled(path)
+    if lock.pin != pin.id:
+        raise BadInput(path, [("pin", f"names pin {lock.pin!r}; {pin.path.name} is "
+                               f"{pin.id!r}")])
+    entries = lock.entries_for(pin.content_hash, target_name, machine)
+    if not entries:
+        return [], (f"bytes unestablished in {path.name} for this pin (content hash "
+                    f"{pin.content_hash[:12]}), target {target_name} on {machine}: `oracle-build "
+                    "lock --compiled` establishes them from this oracle")
+    if compiled is None:
+        return [("compiled files (build record)", f"the bytes {path.name} holds",
+                 "not recorded: built by an earlier oracle-build (`build_oracle -- --rebuild`)")
+                ], None
+    got = compiled.files
+    for entry in entries:
+        if entry.files == got:
+            return [], (f"{len(got)} files, the pin's bytes ({path.name}, established "
+                        f"{entry.established_utc})")
+    same = [e for e in entries if e.toolchain == compiled.toolchain]
+    ref = same[-1] if same else entries[-1]
+    names = sorted(set(ref.files) | set(got))
+    differ = [n for n in names if ref.files.get(n) != got.get(n)]
+    out = [(f"compiled file {n}",
+            f"sha256 {ref.files[n][:16]}... ({path.name})" if n in ref.files else
+            f"absent ({path.name})",
+            f"sha256 {got[n][:16]}..." if n in got else "absent")
+           for n in differ[:inventory.SHOWN]]
+    if len(differ) > inventory.SHOWN:
+        out.append(("compiled files", "the pin's bytes",
+                    f"... and {len(differ) - inventory.SHOWN} more differ"))
+    if same:
+        out.append(("compiled files", f"the bytes {path.name} holds for this toolchain",
+                    CHECK_HINT))
+    else:
+        out.append(("toolchain (compiled files)", ref.toolchain,
+                    f"{compiled.toolchain or 'unknown'}: other compilers give other bytes; "
+                    "build with the pin's toolchain, or establish this one's with "
+                    "`oracle-build lock --compiled` (docs/reproducible-builds.md)"))
+    return out, None
 
 
 def applied_patches(venv: Path) -> list[str]:
@@ -386,7 +475,8 @@ def relocated(pin: Pin, target: Target, ident: Identity, old: Path, new: Path) -
     prefix, origin = OracleVenv(new).locate()
     moved = replace_path(ident.facts, old, new)
     result = Identity(venv=new, facts=moved, device=ident.device,
-                      compiled_sm=ident.compiled_sm, patches=list(ident.patches))
+                      compiled_sm=ident.compiled_sm, patches=list(ident.patches),
+                      compiled=ident.compiled)
     result.mismatches = compare(pin, target, new, moved)
     if prefix != os.path.realpath(new):
         result.mismatches.append(("sys.prefix (after the move)", os.path.realpath(new),

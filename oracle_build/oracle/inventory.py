@@ -196,8 +196,8 @@ ELF_MAGIC = b"\x7fELF"
 
 def compiled_files(venv: Path, distribution: str) -> dict[str, str]:
     """The files a distribution's wheel installed that a compiler made (ELF: the extension
-    modules and shared libraries), as relative path -> sha256: what a source build must give
-    byte for byte on every rebuild (issue 44)."""
+    modules and shared libraries), as path under site-packages -> sha256: what a source
+    build must give byte for byte on every rebuild."""
     dist = str(canonicalize_name(distribution))
     out: dict[str, str] = {}
     for rel, (owner, _) in sorted(records(venv).items()):
@@ -207,7 +207,7 @@ def compiled_files(venv: Path, distribution: str) -> dict[str, str]:
         with open(path, "rb") as f:
             if f.read(4) != ELF_MAGIC:
                 continue
-        out[rel] = sha256_file(path)
+        out[rel.split("/site-packages/", 1)[-1]] = sha256_file(path)
     return out
 
 

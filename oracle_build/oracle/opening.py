@@ -4,7 +4,7 @@ commands that start an engine); several oracles held open by one command (``Orac
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,20 +37,27 @@ class Oracle:
     hosts: list[EngineHost] = field(default_factory=list, compare=False)
     # the CPU kernel variant every process of this oracle runs under (devices.hold)
     hold: devices.Hold = devices.NO_HOLD
+    # a capture spec's [env]: what its engines' environment holds beyond the tool's
+    spec_env: dict[str, str] = field(default_factory=dict)
 
     def take_host(self) -> EngineHost | None:
         return self.hosts.pop() if self.hosts else None
 
 
-def engine_env(target: Target, hold: devices.Hold, caches: CompileCache) -> dict[str, str]:
-    """The environment every engine of this target runs with (in-process engine core), held
-    to ``hold``'s kernel variant, compiling into ``caches``."""
-    return {**target.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **hold.env, **caches.env()}
+def engine_env(target: Target, hold: devices.Hold, caches: CompileCache,
+               spec_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What the tool sets for every engine of this target (in-process engine core), held to
+    ``hold``'s kernel variant, compiling into ``caches``, with a capture spec's [env]
+    (checked when the spec was read: it cannot set what follows it here); core.env's
+    oracle_env adds the few variables of the caller's that pass."""
+    return {**target.env, **(spec_env or {}), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            **hold.env, **caches.env()}
 
 
 def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
                 engine_log: Path | None = None, deep: bool = True,
-                variant: str | None = None) -> Oracle:
+                variant: str | None = None,
+                spec_env: Mapping[str, str] | None = None) -> Oracle:
     """The pin's built oracle with its identity re-checked. ``require``: refuse one that is
     not the pin's (IdentityMismatch); otherwise the caller reads ``identity.ok``.
 
@@ -73,7 +80,7 @@ def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
         caches = CompileCache.of(home, pin.key)
         caches.recover_before_start()
         engine_host = serve(venv, identity.probe_args(target),
-                            env=engine_env(target, hold, caches), log=engine_log)
+                            env=engine_env(target, hold, caches, spec_env), log=engine_log)
         # every file hashed (not only those whose size or mtime moved: both can be put back)
         # while the host imports vLLM; no engine starts before the hashes agree
         try:
@@ -97,7 +104,7 @@ def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
     digest = sha256_file(venv.record_path) if venv.has_record() else ""
     anchor = inventory.read_anchor(venv.path) or {}
     return Oracle(pin, target_name, target, venv, ident, digest,
-                  anchor.get("content_fingerprint"), hosts, hold)
+                  anchor.get("content_fingerprint"), hosts, hold, dict(spec_env or {}))
 
 
 def deep_files(venv: Path) -> inventory.Check | None:
@@ -118,7 +125,8 @@ class Oracles:
     its engine host (see ``open_oracle``). ``close`` ends hosts no engine run took."""
 
     home: Path
-    opened: dict[tuple[str, str, str | None], Oracle] = field(default_factory=dict)
+    opened: dict[tuple[str, str, str | None, tuple[tuple[str, str], ...]], Oracle] = field(
+        default_factory=dict)
     engine: tuple[str, str] | None = None
 
     def close(self) -> None:
@@ -133,14 +141,17 @@ class Oracles:
         self.close()
 
     def get(self, pin: Pin, target_name: str, *, require: bool = True,
-            variant: str | None = None) -> Oracle:
+            variant: str | None = None, spec_env: Mapping[str, str] | None = None) -> Oracle:
         """``variant``: the CPU kernel variant its processes are held to (default: the pin
-        target's); each variant is its own opened oracle (its own identity proof)."""
-        key = (pin.key, target_name, devices.held_name(pin.target(target_name), variant))
+        target's); ``spec_env``: a capture spec's [env]. Each variant and env is its own
+        opened oracle (its own identity proof, its own engine host)."""
+        key = (pin.key, target_name, devices.held_name(pin.target(target_name), variant),
+               tuple(sorted((spec_env or {}).items())))
         if key not in self.opened:
             log = layout.log_path(self.home, *self.engine) if self.engine else None
             self.opened[key] = open_oracle(pin, target_name, self.home, require=False,
-                                           engine_log=log, variant=variant)
+                                           engine_log=log, variant=variant,
+                                           spec_env=spec_env)
         oracle = self.opened[key]
         if require and not oracle.identity.ok:
             raise IdentityMismatch(oracle.identity.mismatches, where=str(oracle.venv.path),

@@ -23,7 +23,8 @@ from oracle_build.oracle.venv import OracleVenv
 from oracle_build.recipe.plan import Plan, plan
 from oracle_build.recipe.steps import run
 
-__all__ = ["BuildOutcome", "Plan", "build_oracle", "build_until", "plan", "run"]
+__all__ = ["BuildOutcome", "CheckOutcome", "Plan", "build_oracle", "build_until",
+           "check_rebuild", "plan", "run"]
 
 
 def record_schema(oracle: OracleVenv) -> int:
@@ -47,7 +48,8 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
                  checkout: Path | None = None, rebuild: bool = False,
                  wait: bool = True,
                  fill_wheelhouse: Callable[[], None] | None = None,
-                 compiler_cache: bool = True) -> BuildOutcome:
+                 compiler_cache: bool = True, reuse_built: bool = True,
+                 keep_built: bool = True) -> BuildOutcome:
     """The pin's oracle for this target: re-checked if in place, else built and published.
     ``fill_wheelhouse``: called under the build lock before a build is planned (the oracle
     cache's pull), so the plan takes what it put there. ``compiler_cache``: False compiles
@@ -83,7 +85,7 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
             fill_wheelhouse()
         p = plan(pin, target_name, home=home, wheelhouse_root=wheelhouse_root, mirror=mirror,
                  externals_dir=externals_dir, checkout=checkout,
-                 compiler_cache=compiler_cache)
+                 compiler_cache=compiler_cache, reuse_built=reuse_built, keep_built=keep_built)
         say(p.render())
         made = run(p)
         assert made is not None  # a plan without stop_after runs to its publish
@@ -107,3 +109,71 @@ def build_until(pin: Pin, target_name: str, stop_after: str, *, home: Path,
         say(p.render())
         run(p)
     return time.monotonic() - start
+
+
+@dataclass
+class CheckOutcome:
+    """build_oracle --check: each compiled file of the installed oracle against a cold
+    rebuild's, and for those that differ, the ELF parts that do."""
+
+    compared: dict[str, tuple[str | None, str | None]]  # file -> (installed, rebuilt) sha256
+    where: dict[str, list[str]]  # file -> the parts that differ
+    seconds: float
+
+    @property
+    def same(self) -> bool:
+        return bool(self.compared) and not self.where
+
+
+def check_rebuild(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
+                  mirror: str | None = None, externals_dir: Path | None = None,
+                  scratch_root: Path | None = None) -> CheckOutcome:
+    """Nix's ``--check`` for a source oracle: build the pin again, cold (ccache into a
+    throwaway folder: every object compiled, with the command lines the first build ran),
+    in a scratch home at another path (``scratch_root``, default ``<home>/check``), from
+    the same wheelhouse without taking or leaving a built wheel there; then compare every
+    compiled file with the installed oracle's, byte for byte, and name the ELF parts of
+    those that differ. The scratch home is removed, whatever happens."""
+    import shutil
+    import tempfile
+
+    from oracle_build.contracts.pins import FromSource
+    from oracle_build.core.errors import OracleMissing, Refused
+    from oracle_build.oracle import elf
+
+    src = pin.model.vllm
+    if not isinstance(src, FromSource):
+        raise Refused(f"{pin.path}: a wheel pin installs its wheel by sha256: there is "
+                      "nothing to rebuild (--check is for a pin built from source)")
+    installed = layout.oracle_path(home, pin.key)
+    if not OracleVenv(installed).exists():
+        raise OracleMissing(f"no oracle for pin {pin.key} in {home}: --check compares a "
+                            "rebuild with the oracle in place",
+                            hint="`build_oracle` builds it first")
+    start = time.monotonic()
+    root = scratch_root or home / "check"
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f"{pin.key}-", dir=root))
+    try:
+        say(f"--check: a cold rebuild of {pin.key} in {scratch} (removed afterwards), "
+            f"compared with {installed}")
+        build_oracle(pin, target_name, home=scratch, wheelhouse_root=wheelhouse_root,
+                     mirror=mirror, externals_dir=externals_dir, compiler_cache=False,
+                     reuse_built=False, keep_built=False)
+        rebuilt_venv = layout.oracle_path(scratch, pin.key)
+        first = inventory.compiled_files(installed, src.distribution)
+        second = inventory.compiled_files(rebuilt_venv, src.distribution)
+        compared = {n: (first.get(n), second.get(n)) for n in sorted(set(first) | set(second))}
+        where: dict[str, list[str]] = {}
+        site = f"lib/python{pin.model.python}/site-packages"
+        for name, (a, b) in compared.items():
+            if a == b:
+                continue
+            if a is None or b is None:
+                where[name] = [f"only in the {'rebuild' if a is None else 'installed oracle'}"]
+            else:
+                where[name] = elf.differences(installed / site / name,
+                                              rebuilt_venv / site / name) or ["bytes"]
+        return CheckOutcome(compared, where, time.monotonic() - start)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -1,4 +1,5 @@
-"""Regenerate a pin's hash-locked dependency list (``oracle-build lock``).
+"""Regenerate a pin's hash-locked dependency list (``oracle-build lock``), or establish a
+source pin's compiled bytes from its built oracle (``oracle-build lock --compiled``).
 
 Resolves the pin's top-level requirements with pip's resolver (which honours
 this host's pip configuration: indexes, find-links), drops ``lock_exclude``,
@@ -8,13 +9,14 @@ cibuildwheel's pinned tool list: regenerate it, review the diff, commit it.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import tempfile
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from oracle_build.contracts.pins import WheelSource, load_pin
+from oracle_build.contracts.pins import Pin, WheelSource, load_pin
 from oracle_build.core import proc
 from oracle_build.core.errors import BuildFailed, Refused
 from oracle_build.core.files import atomic_write_bytes, json_value
@@ -65,3 +67,86 @@ def generate_lock(pin_path: Path, *, extra_pip_args: list[str] | None = None) ->
     say(f"wrote {out} ({count} packages)")
     load_pin(pin_path)  # the new lock must agree with the pin
     return out
+
+
+def establish_compiled(pin: Pin, target_name: str, home: Path, *, replace: bool = False
+                       ) -> Path:
+    """Write the compiled bytes of the pin's oracle in ``home`` into the pin's compiled file
+    (contracts/compiled.py), once the oracle passes every other identity check: one entry per
+    content hash, target, machine and toolchain; entries of the pin's earlier content hashes
+    are dropped (said). An entry already held for this toolchain with other bytes is refused
+    (the build is not the established one: `build_oracle -- --check`) unless ``replace``."""
+    from oracle_build.contracts.compiled import (
+        COMPILED_SCHEMA,
+        CompiledEntry,
+        CompiledLock,
+        load_compiled,
+        render,
+    )
+    from oracle_build.contracts.pins import FromSource
+    from oracle_build.contracts.record import load_record
+    from oracle_build.core import layout
+    from oracle_build.core.errors import IdentityMismatch, OracleMissing
+    from oracle_build.oracle import identity
+    from oracle_build.oracle.venv import OracleVenv
+
+    m = pin.model
+    if not isinstance(m.vllm, FromSource):
+        raise Refused(f"{pin.path}: a wheel pin's bytes are its wheel's sha256 (its lock); "
+                      "--compiled is for a pin built from source")
+    path = pin.compiled_path
+    if path is None:
+        raise Refused(f"{pin.path}: names no file for its compiled bytes; set compiled = "
+                      f"\"{m.id}.compiled.toml\" in the pin first (not part of its content "
+                      "hash: the oracle keeps its key)")
+    venv = layout.oracle_path(home, pin.key)
+    if not OracleVenv(venv).exists():
+        raise OracleMissing(f"no oracle for pin {pin.key} in {home}",
+                            hint="`build_oracle` builds it; its compiled bytes are then "
+                            "established from it")
+    target = pin.target(target_name)
+    # every identity check but the compiled bytes themselves (those are being established)
+    bare = dataclasses.replace(pin, model=m.model_copy(update={"compiled": None}))
+    ident = identity.check(bare, target, venv, deep=True)
+    if not ident.ok:
+        raise IdentityMismatch(ident.mismatches, where=str(venv),
+                               hint="only an oracle that is the pin's establishes its bytes")
+    record = load_record(OracleVenv(venv).record_path)
+    compiled = record.compiled
+    if compiled is None or compiled.toolchain is None:
+        raise Refused(f"{venv}: its build record holds no compiled files with their "
+                      "toolchain (built by an earlier oracle-build, or installed from a wheel "
+                      "built earlier)", hint="`build_oracle -- --rebuild --no-compiler-cache`"
+                      " compiles it here, recorded")
+    held = load_compiled(path) if path.exists() else CompiledLock.model_validate(
+        {"schema": COMPILED_SCHEMA, "pin": m.id})
+    if held.pin != m.id:
+        from oracle_build.core.errors import BadInput
+
+        raise BadInput(path, [("pin", f"names pin {held.pin!r}; {pin.path.name} is {m.id!r}")])
+    name = str(record.target.get("name") or target_name)
+    key = (pin.content_hash, name, target.machine, compiled.toolchain)
+    stale = [e for e in held.established if e.pin_hash != pin.content_hash]
+    same = [e for e in held.established if (e.pin_hash, e.target, e.machine, e.toolchain) == key]
+    if same and same[0].files != compiled.files and not replace:
+        differ = sorted(n for n in set(same[0].files) | set(compiled.files)
+                        if same[0].files.get(n) != compiled.files.get(n))
+        raise Refused(f"{path} already holds other bytes for this pin, target and toolchain "
+                      f"(established {same[0].established_utc}); this oracle's differ in "
+                      f"{len(differ)} files: " + ", ".join(differ[:8]),
+                      hint="the build is not reproducible, or not the established one: "
+                      "`build_oracle -- --check` says where; --replace overwrites")
+    kept = [e for e in held.established if e.pin_hash == pin.content_hash
+            and (e.pin_hash, e.target, e.machine, e.toolchain) != key]
+    entry = CompiledEntry(pin_hash=pin.content_hash, target=name, machine=target.machine,
+                          toolchain=compiled.toolchain, established_utc=layout.utc_now(),
+                          files=compiled.files)
+    out = CompiledLock.model_validate({"schema": COMPILED_SCHEMA, "pin": m.id,
+                                       "established": [*kept, entry]})
+    atomic_write_bytes(path, render(out).encode())
+    load_compiled(path)  # what was written reads back
+    if stale:
+        say(f"dropped {len(stale)} entries of the pin's earlier content hashes")
+    say(f"wrote {path}: {len(compiled.files)} compiled files of {venv.name} (target {name}, "
+        f"{target.machine}; {compiled.toolchain})")
+    return path

@@ -26,6 +26,11 @@ from oracle_build.recipe.wheelhouse import Wheelhouse
 # wheels, archives and bytecode carry this time, not the build's (Debian's reproducible
 # builds; the same value the installs use for bytecode)
 SOURCE_DATE_EPOCH = envmod.BYTECODE["SOURCE_DATE_EPOCH"]
+# what makes a CMake build's compiled bytes independent of where it ran
+# (docs/reproducible-builds.md): without it the build tree's RPATH (an absolute path into
+# the staging folder) is linked in and install blanks it in place, leaving .dynstr as long
+# as that path was
+REPRODUCIBLE_CMAKE_ARGS = ("-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",)
 # CMake's last line of a configure that worked: where `--stop-after configure` ends the build
 CONFIGURED = r"^\s*-- Build files have been written to: "
 STOP_POINTS = ("configure",)
@@ -42,6 +47,15 @@ class Step:
     action: Callable[[BuildState, Step], None]
     commands: list[Cmd] = field(default_factory=list)
     blocked_by: list[str] = field(default_factory=list)  # unestablished pin values it needs
+
+
+def reproducible_text(pin: Pin) -> str:
+    """What the pin says of its reproducibility, as the plan and the record print it."""
+    r = pin.model.reproducible
+    if r is None:
+        return ("not measured: no two cold builds of this pin have been compared "
+                "(`build_oracle -- --check` does)")
+    return f"{r.status}: {r.note}"
 
 
 @dataclass(frozen=True)
@@ -72,6 +86,9 @@ class Plan:
     compiler_cache: toolchain.CompilerCache | None = None
     stop_after: str | None = None  # a step's name, or "configure" (inside the wheel step)
     last_times: dict[str, float] = field(default_factory=dict)  # each step, last time here
+    # a source build's wheel goes into the wheelhouse (later builds install it) unless this
+    # is a build made only to be compared (build_oracle --check)
+    keep_built: bool = True
 
     @property
     def from_source(self) -> bool:
@@ -139,6 +156,8 @@ class Plan:
                          f"({d.why}): {d.patch.reason}")
         if self.compiler_cache is not None:
             lines.append(f"  compiler cache: {self.compiler_cache.describe()}")
+        if self.from_source:
+            lines.append(f"  reproducible: {reproducible_text(self.pin)}")
         if self.stop_after:
             lines.append(f"  stops after: {self.stop_after} (nothing is published)")
         for index, step in enumerate(self.steps, start=1):

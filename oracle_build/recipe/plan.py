@@ -32,6 +32,7 @@ from oracle_build.recipe.checkout import KNOWN_SWITCHES, CheckoutFacts, pin_prob
 from oracle_build.recipe.model import (
     CONFIGURED,
     DOWNLOAD_LIST,
+    REPRODUCIBLE_CMAKE_ARGS,
     SOURCE_DATE_EPOCH,
     STOP_POINTS,
     TORCH_DOWNLOAD_LIST,
@@ -50,10 +51,6 @@ __all__ = ["UV_VERSION", "Plan", "Step", "fetch_commands", "plan"]
 # build take kernels from elsewhere or stamp a version it did not compute.
 WHEEL_UNSET = ("VLLM_USE_PRECOMPILED", "SETUPTOOLS_SCM_PRETEND_VERSION",
                "VLLM_VERSION_OVERRIDE", "VLLM_SKIP_VERSION_SUFFIX")
-# what makes a CMake build's compiled bytes independent of where it ran (issue 44): without it
-# the build tree's RPATH (an absolute path into the staging folder) is linked in and install
-# blanks it in place, leaving .dynstr as long as that path was
-REPRODUCIBLE_CMAKE_ARGS = ("-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",)
 # what the compile's command lines take from the environment of a source build: each is the
 # plan's or unset, never the caller's (a CFLAGS of the caller's would change every object)
 FLAGS_UNSET = ("CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CC", "CXX", "CCACHE_DISABLE",
@@ -130,13 +127,16 @@ def fetch_commands(plan_files: Callable[[str], Path], wh: Wheelhouse, pin: Pin,
 def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
          mirror: str | None = None, externals_dir: Path | None = None,
          checkout: Path | None = None, compiler_cache: bool = True,
-         stop_after: str | None = None, reuse_built: bool = True) -> Plan:
+         stop_after: str | None = None, reuse_built: bool = True,
+         keep_built: bool = True) -> Plan:
     """``checkout``: a tree at the pinned commit to read the build's facts from now
     (externals, switches, requirements, Rust); without it the build reads them from its
     own clone before configure, and refuses there what it would refuse here.
     ``compiler_cache``: False builds cold (ccache into a throwaway folder).
     ``stop_after``: a step's name, or "configure": the build ends there (the wheel build is
-    stopped at CMake's last configure line), its staging folder removed, nothing published."""
+    stopped at CMake's last configure line), its staging folder removed, nothing published.
+    ``reuse_built``: False compiles even when the wheelhouse holds this pin's built wheel;
+    ``keep_built``: False leaves the wheel this build makes out of the wheelhouse."""
     target = pin.target(target_name)
     venv = layout.oracle_path(home, pin.key)
     staging = layout.staging_dir(home, pin.key)
@@ -350,7 +350,8 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                 checkout=checkout if read_now else None,
                 checkout_facts=facts if read_now else None, wheel_unset=wheel_unset,
                 compilers=compilers, patches=decisions, compiler_cache=ccache,
-                stop_after=stop_after, last_times=last_times(home, pin.key))
+                stop_after=stop_after, last_times=last_times(home, pin.key),
+                keep_built=keep_built)
 
 
 def patch_cmd(patch: Path, tree: Path) -> Cmd:

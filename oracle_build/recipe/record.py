@@ -16,6 +16,7 @@ from oracle_build.contracts.pins import FromSource
 from oracle_build.contracts.record import (
     RECORD_SCHEMA,
     BuildRecord,
+    CompiledFacts,
     InstalledDistribution,
     Installer,
     ManifestSummary,
@@ -26,10 +27,52 @@ from oracle_build.core.errors import IdentityMismatch
 from oracle_build.core.files import atomic_write_json, sha256_file
 from oracle_build.oracle import identity, inventory
 from oracle_build.oracle.venv import OracleVenv
-from oracle_build.recipe.model import UV_VERSION
+from oracle_build.recipe import toolchain
+from oracle_build.recipe.model import (
+    REPRODUCIBLE_CMAKE_ARGS,
+    SOURCE_DATE_EPOCH,
+    UV_VERSION,
+    reproducible_text,
+)
 
 if TYPE_CHECKING:
-    from oracle_build.recipe.model import BuildState
+    from oracle_build.recipe.model import BuildState, Plan
+
+def levers(p: Plan) -> list[str]:
+    """What a source build sets so that its compiled bytes depend on the pin and the
+    toolchain only, not on where or when it ran."""
+    out = [f"SOURCE_DATE_EPOCH={SOURCE_DATE_EPOCH}: every timestamp the build writes (the "
+           "wheel's entries, checked-hash bytecode) is this one, not the build's time"]
+    cc = p.compiler_cache
+    if cc is not None and cc.active:
+        out.append("CCACHE_BASEDIR=<the staging folder> with CCACHE_NOHASHDIR: the compiler "
+                   "is given paths under the staging folder (source, build folder, the build "
+                   "venv's headers) as relative ones, so no object names where it was built "
+                   "(__FILE__, debug info), and the cache's keys do not depend on the home")
+    else:
+        out.append("none for compile paths: no ccache on this host, the compiler is given "
+                   "absolute paths under the staging folder; objects that use __FILE__ name "
+                   "it, and two homes give other bytes")
+    out += [f"CMAKE_ARGS {a}: linked once with the install RPATH; no build-tree RPATH "
+            "blanked in place at install (which left .dynstr as long as the build path)"
+            for a in REPRODUCIBLE_CMAKE_ARGS]
+    return out
+
+
+def compiled_facts(state: BuildState) -> CompiledFacts | None:
+    """A source pin's compiled files, toolchain and levers (None for a wheel pin)."""
+    p = state.plan
+    src = p.pin.model.vllm
+    if not isinstance(src, FromSource):
+        return None
+    tools = state.facts.toolchain
+    return CompiledFacts(
+        files=inventory.compiled_files(p.staging_venv, src.distribution),
+        toolchain=(toolchain.toolchain_key(tools, state.facts.preflight)
+                   if p.from_source and tools is not None else None),
+        levers=levers(p) if p.from_source else [],
+        reproducible=reproducible_text(p.pin))
+
 
 def build_record(state: BuildState, ident: identity.Identity, *, manifest_summary: ManifestSummary,
                  content_fingerprint: str, timings: dict[str, float]) -> BuildRecord:
@@ -76,6 +119,7 @@ def build_record(state: BuildState, ident: identity.Identity, *, manifest_summar
         toolchain=facts.toolchain,
         externals_by_tree=facts.externals_by_tree,
         compiler_cache=facts.compiler_cache,
+        compiled=compiled_facts(state),
         manifest=manifest_summary)
 
 
@@ -107,6 +151,12 @@ def publish(state: BuildState) -> identity.Identity:
     staged_record = BuildRecord.model_validate(identity.replace_path(
         build_record(state, ident, manifest_summary=summary, content_fingerprint=fingerprint,
                      timings=timings).model_dump(mode="json"), p.staging_venv, p.venv))
+    # a source pin that holds its compiled bytes: this build must have given them
+    problems, ident.compiled = identity.compiled_checks(
+        p.pin, p.target_name, p.target.machine, staged_record.compiled)
+    if problems:
+        raise IdentityMismatch(problems, where=f"{p.staging_venv} (not published)",
+                               hint=identity.CHECK_HINT)
     shutil.copy2(p.log, staged.record_dir / layout.BUILD_LOG)
     atomic_write_json(staged.record_dir / layout.IDENTITY_FACTS, ident.facts)
     atomic_write_json(staged.record_path, staged_record.model_dump(mode="json"))

@@ -299,13 +299,17 @@ def toolchain_(state: BuildState, step: Step) -> None:
     p = state.plan
     found = scan(p.staging / "src", device=p.target.device, machine=p.target.machine)
     problems = toolchain.floor_problems(found.floors, p.compilers, p.patches)
+    cxx = p.compilers.get("cxx")
     state.facts.toolchain = ToolchainFacts(
         compilers={r: CompilerFacts.model_validate(c.as_dict())
                    for r, c in p.compilers.items()},
+        linker=toolchain.linker(cxx, envmod.build_env()) if cxx is not None else None,
         floors=[{"lang": f.lang, "version": f.version, "compiler_id": f.compiler_id,
                  "source": f.source} for f in found.floors])
     for role, tool in p.compilers.items():
         say(f"    {role}: {tool.label()}")
+    if state.facts.toolchain.linker:
+        say(f"    ld: {state.facts.toolchain.linker}")
     if problems:
         first = problems[0]
         lifting = first.lifting
@@ -516,7 +520,8 @@ def check_wheel(state: BuildState, step: Step) -> None:
         compiled = devices.module(p.target).check_wheel(p, libraries, root)
     if compiled is not None:
         state.facts.compiled_arches = compiled
-    p.wheelhouse.add(wheel, origin="built")
+    if p.keep_built:
+        p.wheelhouse.add(wheel, origin="built")
 
 
 def requirements_outside_lock(p: Plan, wheel: Path) -> list[str] | None:

@@ -17,6 +17,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from oracle_build.contracts.pins import Patch, Pin
+from oracle_build.contracts.record import ToolchainFacts
 from oracle_build.core import env as envmod
 from oracle_build.core import proc
 from oracle_build.core.env import tool_variable
@@ -248,6 +249,32 @@ def read_stats(log: Path) -> CacheStats | None:
         elif name:
             stats.other[name] = stats.other.get(name, 0) + 1
     return stats
+
+
+def linker(cxx: Compiler, env: dict[str, str]) -> str | None:
+    """The --version line of the linker the C++ compiler runs (`-print-prog-name=ld`)."""
+    if cxx.path is None:
+        return None
+    asked = proc.query([cxx.path, "-print-prog-name=ld"], env=env, timeout=30)
+    name = asked.output.strip() if asked.ok and asked.output.strip() else "ld"
+    path = name if os.path.isabs(name) else shutil.which(name, path=env.get("PATH"))
+    return tool_version([path, "--version"], env) if path else None
+
+
+def toolchain_key(tools: ToolchainFacts, preflight: dict[str, Any]) -> str:
+    """One line naming what a source build's compiled bytes depend on beyond the pin: each
+    compiler and the linker by their own --version lines, and the device compiler (nvcc,
+    hipcc) where the target has one. The same pin built with the same key on two hosts must
+    give the same bytes; another key is another entry of the pin's compiled bytes."""
+    parts = [f"{role}: {c.identity or c.version or c.asked + ' (not found)'}"
+             for role, c in sorted(tools.compilers.items())]
+    if tools.linker:
+        parts.append(f"ld: {tools.linker}")
+    for key, label in (("nvcc", "nvcc"), ("hip_version", "hip")):
+        value = preflight.get(key)
+        if isinstance(value, str) and value:
+            parts.append(f"{label}: {value}")
+    return "; ".join(parts)
 
 
 def tool_version(argv: list[str], env: dict[str, str] | None = None) -> str | None:

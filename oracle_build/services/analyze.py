@@ -26,7 +26,8 @@ def _session(golden: Golden, path: Path, home: Path, *,
     pin = goldens.golden_pin(rec, path, unpack_to=layout.pins_dir(home))
     # held to the golden's own CPU kernel variant, as verify runs it
     variant = goldens.run_variant(rec, path, pin.target(rec.oracle.target), None)
-    oracle = Oracles(home).get(pin, rec.oracle.target, variant=variant)
+    oracle = Oracles(home).get(pin, rec.oracle.target, variant=variant,
+                               spec_env=rec.spec_env)
     model = recorded_model(rec, path, home, oracle)
     return EngineSession(oracle, model, {**rec.engine.requested, **(changes or {})},
                          home)

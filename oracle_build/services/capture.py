@@ -80,7 +80,8 @@ def make_job(path: Path, *, host_target: str | None = None, out: Path | None = N
 
 def prepare(job: Job, oracles: Oracles, home: Path) -> None:
     """Open the job's oracle (identity first), resolve its model and engine arguments."""
-    job.oracle = oracles.get(job.pin, job.target_name, variant=job.variant)
+    job.oracle = oracles.get(job.pin, job.target_name, variant=job.variant,
+                            spec_env=job.spec.env)
     job.model_path, job.model = resolve_model(job.spec.model, job.spec_path.parent, home,
                                                      job.oracle)
     job.args = engine_args(job.spec.engine, job.oracle.target)

@@ -102,8 +102,10 @@ def diff(pin_a: Pin, pin_b: Pin, paths: list[Path], *, home: Path,
     """``page``: filled with what an HTML report shows (A as the reference, B the
     candidate)."""
     oracles = Oracles(home)
-    a = oracles.get(pin_a, devices.choose_target(pin_a, host.host(), target))
-    b = oracles.get(pin_b, devices.choose_target(pin_b, host.host(), target))
+    target_a = devices.choose_target(pin_a, host.host(), target)
+    target_b = devices.choose_target(pin_b, host.host(), target)
+    a = oracles.get(pin_a, target_a)
+    b = oracles.get(pin_b, target_b)
     out: list[GoldenDiff] = []
     goldens = discover(paths)
     for n, path in enumerate(goldens, start=1):
@@ -115,7 +117,11 @@ def diff(pin_a: Pin, pin_b: Pin, paths: list[Path], *, home: Path,
         rec = recorded(golden, path)
         request = run_from_golden(rec)
         runs = []
-        for label, oracle in (("A", a), ("B", b)):
+        # under the golden's own [env]: each oracle opened again for it (identity first)
+        pair = ((("A", a), ("B", b)) if not rec.spec_env else
+                (("A", oracles.get(pin_a, target_a, spec_env=rec.spec_env)),
+                 ("B", oracles.get(pin_b, target_b, spec_env=rec.spec_env))))
+        for label, oracle in pair:
             say(f"==> {golden.name} ({n}/{len(goldens)}) on {label}: {oracle.pin.key}")
             model = recorded_model(rec, path, home, oracle)
             args = engine_args(dict(rec.engine.requested), oracle.target)

@@ -100,6 +100,7 @@ def explain(path: Path, *, home: Path, vary: dict[str, list[Any]] | None = None,
         model = None  # resolved once the oracle is open (a battery model needs it)
         base_args = dict(rec.engine.requested)
         request = run_from_golden(rec, legs=legs)
+        spec_env = rec.spec_env
     else:
         if pin_path is None or model_path is None:
             raise BadInput(path, [("engine", "unrecorded: explain starts from the engine's "
@@ -111,7 +112,8 @@ def explain(path: Path, *, home: Path, vary: dict[str, list[Any]] | None = None,
         request = _unrecorded_request(golden, legs)
         base_batch = "per_prompt"
         variant = None
-    oracle = Oracles(home).get(pin, target_name, variant=variant)
+        spec_env = {}
+    oracle = Oracles(home).get(pin, target_name, variant=variant, spec_env=spec_env)
     if model is None:
         model = recorded_model(recorded(golden, path), path, home, oracle)
     base_args = engine_args(base_args, oracle.target)

@@ -276,7 +276,8 @@ def ready(item: Item, oracles: Oracles, home: Path, *, asked_other: bool) -> boo
     """Identity first: the item's oracle opened and compared with the golden's record.
     False (the item's verdict set) when tokens from it would only mislead; ``asked_other``
     (--oracle, --cross-target): another oracle was asked for, so it runs, not adjudicable."""
-    oracle = oracles.get(item.pin, item.target_name, require=False, variant=item.variant)
+    oracle = oracles.get(item.pin, item.target_name, require=False, variant=item.variant,
+                         spec_env=item.rec.spec_env)
     if not oracle.identity.ok:
         item.verdict = GoldenVerdict(
             name=item.rec.golden.name, path=str(item.path), status="oracle_mismatch",

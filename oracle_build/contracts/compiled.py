@@ -1,0 +1,92 @@
+"""A source pin's established compiled bytes (pins/<id>.compiled.toml, named by the pin's
+``compiled``): for each build that established them, the pin's content hash, the target, the
+toolchain (the compilers and the linker, by their own --version lines) and the sha256 of every
+file a compiler made that the built distribution's wheel installs (for vLLM on CPU: the three
+``_C*.abi3.so``, ``fs_io_C``, ``spinloop``).
+
+What a wheel pin's lock is for its wheels, this file is for a source pin's compiled files: the
+bytes a rebuild must give. It is the recipe's output, not its input: it is not part of the
+pin's content hash (writing it does not move the oracle to another key), and ``oracle-build
+lock --compiled`` writes it from a built oracle's record, never by hand. An entry applies to
+an oracle built from a pin with the same content hash, for the same target, with the same
+toolchain (other compilers give other bytes: that is a different entry, established in its
+turn, or a mismatch identity names).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from oracle_build.contracts.base import SafeName, Sha256, Strict
+from oracle_build.core.errors import BadInput
+from oracle_build.core.files import load_toml, validate
+
+COMPILED_SCHEMA = 1
+
+__all__ = ["COMPILED_SCHEMA", "CompiledEntry", "CompiledLock", "load_compiled", "render"]
+
+
+class CompiledEntry(Strict):
+    pin_hash: Sha256  # the pin's content hash the build was of
+    target: SafeName
+    machine: str = Field(max_length=64, pattern=r"^[a-z0-9_]+$")
+    toolchain: str = Field(max_length=1000)  # record.toolchain_key of the build
+    established_utc: str = Field(max_length=64)
+    # path under site-packages -> sha256
+    files: dict[str, Sha256] = Field(min_length=1, max_length=10000)
+
+
+class CompiledLock(Strict):
+    schema_: int = Field(alias="schema")
+    pin: SafeName  # the pin's id
+    established: list[CompiledEntry] = Field(default_factory=list, max_length=1000)
+
+    def entries_for(self, pin_hash: str, target: str, machine: str) -> list[CompiledEntry]:
+        return [e for e in self.established
+                if (e.pin_hash, e.target, e.machine) == (pin_hash, target, machine)]
+
+
+def load_compiled(path: Path) -> CompiledLock:
+    data = load_toml(path)
+    model = validate(CompiledLock, data, path)
+    if model.schema_ != COMPILED_SCHEMA:
+        raise BadInput(path, [("schema", f"{model.schema_} is not one this oracle-build reads "
+                                         f"(it reads {COMPILED_SCHEMA})")])
+    for i, entry in enumerate(model.established):
+        for rel in entry.files:
+            parts = rel.split("/")
+            if rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or any(
+                    ord(c) < 32 or c in "\"\\" for c in rel):
+                raise BadInput(path, [(f"established[{i}].files", "a key is not a plain "
+                                       "relative path under site-packages")])
+    return model
+
+
+def _quote(value: str) -> str:
+    """A TOML basic string of a value the models above admit (no control characters, no
+    quotes or backslashes in paths; the toolchain's lines escaped)."""
+    out = value.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + "".join(c if ord(c) >= 32 else f"\\u{ord(c):04x}" for c in out) + '"'
+
+
+def render(model: CompiledLock) -> str:
+    """The file's text: one renderer, read back by load_compiled."""
+    lines = [
+        f"# The compiled bytes of pin {model.pin!r}, established by `oracle-build lock "
+        "--compiled` from built oracles (docs/reproducible-builds.md). Not part of the pin's",
+        "# content hash. Regenerate it, review the diff, commit it.",
+        f"schema = {model.schema_}",
+        f"pin = {_quote(model.pin)}",
+    ]
+    for e in model.established:
+        lines += ["", "[[established]]",
+                  f"pin_hash = {_quote(e.pin_hash)}",
+                  f"target = {_quote(e.target)}",
+                  f"machine = {_quote(e.machine)}",
+                  f"toolchain = {_quote(e.toolchain)}",
+                  f"established_utc = {_quote(e.established_utc)}",
+                  "[established.files]"]
+        lines += [f"{_quote(rel)} = {_quote(digest)}" for rel, digest in sorted(e.files.items())]
+    return "\n".join(lines) + "\n"
