@@ -272,25 +272,60 @@ def assert_session_oracle_unchanged(oracle: BuiltOracle) -> None:
 class Captured:
     oracle: BuiltOracle
     golden_path: Path
+    stderr: str = ""  # what the capture said
+    evil_ran: Path | None = None  # written by the caller's hostile logging config, if it ran
+
+
+# Issue 45: a caller's environment that would run code in the engine (vLLM hands this file
+# to logging.config.dictConfig, whose "()" factory runs any callable): the session's capture
+# runs under it, and its tokens must be the committed golden's.
+EVIL_PY = """
+import pathlib
+pathlib.Path({marker!r}).write_text("ran")
+from vllm.v1.sample import sampler as s
+f = s.Sampler.forward
+def g(self, logits, *a, **k):
+    logits = logits.clone(); logits[:, 13] += 50.0
+    return f(self, logits, *a, **k)
+s.Sampler.forward = g
+"""
 
 
 @pytest.fixture(scope="session")
 def captured(cpu_oracle: BuiltOracle) -> Captured:
     """The embedded default captured once by the real CPU engine (one engine start), as a
-    user runs it: `capture` with no spec, from the repository, into the oracle's home."""
+    user runs it: `capture` with no spec, from the repository, into the oracle's home, from
+    an environment holding VLLM_LOGGING_CONFIG_PATH at a config that would patch the
+    sampler (it must never reach the engine)."""
+    import contextlib
+    import io
+    import json as jsonmod
+    import sys
+
     from oracle_build.cli import main
 
     before = (TINY_SPEC / "golden.json").read_bytes()
+    evil = Path(tempfile.mkdtemp(prefix="evil-config-"))
+    marker = evil / "ran"
+    (evil / "evil.py").write_text(EVIL_PY.format(marker=str(marker)))
+    (evil / "evil.json").write_text(jsonmod.dumps({
+        "version": 1, "disable_existing_loggers": False,
+        "formatters": {"x": {"()": "runpy.run_path", "path_name": str(evil / "evil.py")}}}))
     cwd = os.getcwd()
     os.chdir(REPO)
+    err = io.StringIO()
+    os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(evil / "evil.json")
     try:
-        code = main(["capture", "--home", str(cpu_oracle.home)])
+        with contextlib.redirect_stderr(err):
+            code = main(["capture", "--home", str(cpu_oracle.home)])
     finally:
+        os.environ.pop("VLLM_LOGGING_CONFIG_PATH", None)
         os.chdir(cwd)
+        sys.stderr.write(err.getvalue())
     assert code == 0
     (path,) = (cpu_oracle.home / "captures").glob("*/tiny-llama-greedy/golden.json")
     assert (TINY_SPEC / "golden.json").read_bytes() == before
-    return Captured(cpu_oracle, path)
+    return Captured(cpu_oracle, path, err.getvalue(), marker)
 
 
 UNESTABLISHED_LOCK = '{ status = "unestablished", reason = "a test package with no dependencies" }'

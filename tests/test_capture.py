@@ -173,6 +173,22 @@ def test_committed_golden_recaptures_token_identically(captured: Captured) -> No
 
 
 @pytest.mark.slow
+def test_callers_environment_never_reaches_the_engine(captured: Captured) -> None:
+    """Issue 45: the session's capture ran with VLLM_LOGGING_CONFIG_PATH at a logging config
+    whose factory would patch the sampler (every token 13). The engine's environment is
+    built, not inherited: the code never ran, the tokens are the committed golden's, the
+    golden records no such variable, and the capture said it dropped it."""
+    assert captured.evil_ran is not None and not captured.evil_ran.exists()
+    new = load_golden(captured.golden_path)
+    committed = load_golden(TINY_SPEC)
+    assert [p.token_ids for p in new.prompts] == [p.token_ids for p in committed.prompts]
+    assert new.environment is not None and "VLLM_LOGGING_CONFIG_PATH" not in new.environment
+    note = next(line for line in captured.stderr.splitlines()
+                if "VLLM_LOGGING_CONFIG_PATH" in line)
+    assert "not passed to the oracle" in note and "capture spec's [env]" in note
+
+
+@pytest.mark.slow
 def test_overwrite_refused_and_replace_keeps_old(captured: Captured) -> None:
     """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
     out = captured.golden_path.parent.parent

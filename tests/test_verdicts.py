@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -593,6 +594,57 @@ def test_spec_env_refuses_what_loads_code(tmp_path: Path, name: str, value: str,
     assert why in exc.value.message, exc.value.message
     path.write_text(spec + '\n[env]\nVLLM_CPU_OMP_THREADS_BIND = "all"\n')
     assert load_spec(path).env == {"VLLM_CPU_OMP_THREADS_BIND": "all"}
+
+
+def test_names_that_become_paths_stay_beside_their_pin(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 45 item 2: a pin's lock is a plain file name beside it (a pin embedded in a
+    golden from elsewhere too); a link out of the folder is refused; and an error about a
+    lock's content names the line and column, never quoting it (the file could be any)."""
+    from oracle_build.cli import main
+    from oracle_build.contracts.pins import load_pin
+    from oracle_build.core.errors import EXIT_BAD_INPUT, BadInput
+
+    pins = tmp_path / "pins"
+    pins.mkdir()
+    text = (REPO / "pins" / "cpu.toml").read_text()
+    shutil.copy2(REPO / "pins" / "cpu.lock.txt", pins / "cpu.lock.txt")
+    for bad in ("/proc/self/environ", "../cpu.lock.txt", "sub/cpu.lock.txt"):
+        (pins / "cpu.toml").write_text(text.replace('lock = "cpu.lock.txt"', f'lock = "{bad}"'))
+        with pytest.raises(BadInput) as exc:
+            load_pin(pins / "cpu.toml")
+        assert exc.value.problems[0][0] == "lock", (bad, exc.value.problems)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("ORACLE_BUILD_CACHE_PASSWORD=S3cretPW\n")
+    (pins / "cpu.lock.txt").unlink()
+    (pins / "cpu.lock.txt").symlink_to(secret)
+    (pins / "cpu.toml").write_text(text)
+    with pytest.raises(BadInput, match="outside the pin's folder"):
+        load_pin(pins / "cpu.toml")
+    (pins / "cpu.lock.txt").unlink()
+    lock = (REPO / "pins" / "cpu.lock.txt").read_text()
+    (pins / "cpu.lock.txt").write_text(lock + "  ORACLE_BUILD_CACHE_PASSWORD=S3cretPW\n")
+    with pytest.raises(BadInput) as exc:
+        load_pin(pins / "cpu.toml")
+    assert "S3cret" not in exc.value.message and "from column 30" in exc.value.message
+    # the issue's case: a golden whose spec names no pin here, its embedded pin's lock
+    # naming the process's environment
+    golden = tmp_path / "g7"
+    shutil.copytree(REPO / "goldens" / "tiny-llama-greedy", golden)
+    doc = json.loads((golden / "golden.json").read_text())
+    embedded = doc["oracle"]["embedded_pin"]
+    embedded["pin_toml"] = embedded["pin_toml"].replace('lock = "cpu.lock.txt"',
+                                                        'lock = "/proc/self/environ"')
+    doc["spec"]["pin"] = "../../no/such/cpu.toml"
+    (golden / "golden.json").write_text(json.dumps(doc))
+    os.environ["ORACLE_BUILD_CACHE_PASSWORD"] = "S3cretPW"
+    try:
+        code = main(["verify", str(golden), "--home", str(tmp_path / "home")])
+    finally:
+        del os.environ["ORACLE_BUILD_CACHE_PASSWORD"]
+    assert code == EXIT_BAD_INPUT
+    out, err = capsys.readouterr()
+    assert "S3cret" not in out + err and "lock" in err
 
 
 def test_imported_text_is_printed_on_one_line(tmp_path: Path,

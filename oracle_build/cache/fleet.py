@@ -48,6 +48,7 @@ class Listed:
     signature: str = ""  # trusted | untrusted (keyids) | unsigned | refused
     content_fingerprint: str = ""
     numerics_fingerprint: str = ""
+    compiled_fingerprint: str = ""  # a source oracle's compiled bytes (CompiledFacts)
     problems: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -77,6 +78,7 @@ def describe(reg: Any, where: str, tag: str, trusted_file: Path) -> Listed:
         record = config.record
         out.built_utc = record.created_utc
         out.content_fingerprint = record.content_fingerprint
+        out.compiled_fingerprint = record.compiled.fingerprint if record.compiled else ""
         out.vllm = str(record.identity.get("vllm") or "")
         out.built_on = built_on(record.host)
         out.device = str(record.identity.get("device") or "") + (
@@ -139,11 +141,12 @@ def render(entries: list[Listed], where: str) -> str:
     if not entries:
         return f"{as_data(where)}: no oracles"
     rows: list[tuple[str, ...]] = [("pin", "target", "vllm", "built", "built on", "device",
-                                    "signed", "content", "numerics")]
+                                    "signed", "content", "compiled", "numerics")]
     for e in entries:
         rows.append((f"{e.pin_id} {e.pin_hash[:12]}", e.target, e.vllm, e.built_utc[:16],
                      e.built_on, e.device, e.signed_by or e.signature,
-                     e.content_fingerprint[:12] or "-", e.numerics_fingerprint[:12] or "-"))
+                     e.content_fingerprint[:12] or "-", e.compiled_fingerprint[:12] or "-",
+                     e.numerics_fingerprint[:12] or "-"))
     rows = [tuple(as_data(c, 60) for c in r) for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"{as_data(where)}: {len(entries)} oracle(s)"]
@@ -152,6 +155,16 @@ def render(entries: list[Listed], where: str) -> str:
     for e in entries:
         for problem in e.problems:
             lines.append(f"  {as_data(e.tag)}: {as_data(problem, 300)}")
+    built: dict[tuple[str, str], list[Listed]] = {}
+    for e in entries:
+        if e.compiled_fingerprint and e.signature == "trusted":
+            built.setdefault((e.pin_hash, e.compiled_fingerprint), []).append(e)
+    if built:
+        lines.append("compiled bytes (source oracles, trusted artifacts only):")
+        for (_pin, fp), members in sorted(built.items()):
+            lines.append(f"  {fp[:16]}: " + ", ".join(
+                as_data(f"{m.pin_id}/{m.target} ({m.built_on})", 120) for m in members)
+                + (" the same bytes" if len(members) > 1 else ""))
     groups: dict[str, list[Listed]] = {}
     for e in entries:
         if e.numerics_fingerprint and e.signature == "trusted":

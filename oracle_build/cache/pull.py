@@ -41,6 +41,7 @@ from oracle_build.core.errors import (
     as_data,
 )
 from oracle_build.core.log import fmt_seconds, say
+from oracle_build.oracle import identity
 from oracle_build.recipe.wheelhouse import Wheelhouse
 
 
@@ -255,6 +256,15 @@ def pull(opts: CacheOptions, pin: Pin, target_name: str, *,
         if config.record.pin.get("content_hash") != pin.content_hash:
             raise CacheRefused(f"{where}: its build record is of pin "
                                f"{config.record.pin.get('content_hash')}")
+        # a source pin that holds its compiled bytes: the artifact's build (signed, through
+        # the manifest's config digest) must have given them, checked before any wheel moves
+        problems, _note = identity.compiled_checks(
+            pin, target_name, pin.target(target_name).machine, config.record.compiled)
+        if problems:
+            raise CacheRefused(f"{where}: its compiled bytes are not the ones the pin holds "
+                               "(" + "; ".join(f"{f}: {g}" for f, _e, g in problems[:6]) + ")",
+                               hint="the pushing host's build is not the established one: "
+                               "`build_oracle -- --check` there, or build here")
         layers = _expected_layers(pin, target_name, manifest, config, where)
         wh = Wheelhouse.for_pin(wheelhouse_root, pin)
         built_version = pin.expected_distribution_version(pin.target(target_name))

@@ -118,6 +118,19 @@ def statement(pin: Pin, target_name: str, record: BuildRecord, manifest_digest: 
                    "digest": {"sha256": record.content_fingerprint}}]
     if numerics:
         byproducts.append({"name": "numerics_fingerprint", "digest": {"sha256": numerics}})
+    internal: dict[str, Any] = {"host": record.host,
+                                "installer": record.installer.model_dump(mode="json")}
+    if record.compiled is not None:  # a source oracle: its recipe as it ran, and its bytes
+        byproducts.append({"name": "compiled_fingerprint",
+                           "digest": {"sha256": record.compiled.fingerprint}})
+        byproducts += [{"name": f"compiled:{rel}", "digest": {"sha256": sha}}
+                       for rel, sha in sorted(record.compiled.files.items())]
+        internal.update(
+            toolchain=(record.toolchain.model_dump(mode="json") if record.toolchain
+                       else None),
+            compiled_toolchain=record.compiled.toolchain,
+            patches=[p.model_dump(mode="json") for p in record.patches or []],
+            levers=list(record.compiled.levers))
     return {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": f"{ref}:{tag}", "digest": {"sha256": manifest_digest.split(":")[1]}}],
@@ -127,8 +140,7 @@ def statement(pin: Pin, target_name: str, record: BuildRecord, manifest_digest: 
                 "buildType": BUILD_TYPE,
                 "externalParameters": {"pin_id": pin.id, "pin_hash": pin.content_hash,
                                        "pin_key": pin.key, "target": target_name},
-                "internalParameters": {"host": record.host, "installer":
-                                       record.installer.model_dump(mode="json")},
+                "internalParameters": internal,
                 "resolvedDependencies": [dependency],
             },
             "runDetails": {

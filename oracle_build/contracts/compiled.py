@@ -49,6 +49,9 @@ class CompiledLock(Strict):
 
 
 def load_compiled(path: Path) -> CompiledLock:
+    if path.is_symlink():
+        raise BadInput(path, [("<file>", "is a symbolic link: refused (the file of a pin's "
+                               "compiled bytes lies beside it, itself)")])
     data = load_toml(path)
     model = validate(CompiledLock, data, path)
     if model.schema_ != COMPILED_SCHEMA:

@@ -36,29 +36,46 @@ class LockEntry:
 LOCK_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)((?:\s+--hash=sha256:[0-9a-f]{64})+)$")
 
 
+def _first_bad_column(line: str) -> int:
+    """Where a lock line stops matching (0-based): after the longest prefix that could."""
+    name = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", line)
+    at = name.end() if name else 0
+    if not line.startswith("==", at):
+        return at
+    version = re.match(r"\S+", line[at + 2:])
+    at += 2 + (version.end() if version else 0)
+    while (m := re.match(r"\s+--hash=sha256:[0-9a-f]{64}(?=\s|$)", line[at:])) is not None:
+        at += m.end()
+    return at
+
+
 def parse_lock(path: Path) -> list[LockEntry]:
     entries: list[LockEntry] = []
-    seen: set[str] = set()
+    seen: dict[str, int] = {}
     for number, raw in enumerate(read_text(path).splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         m = LOCK_LINE.match(line)
+        # what is wrong is said by line and column, never by quoting the line: a lock named by
+        # someone else's pin could be any file (its content is not ours to print)
         if not m:
             raise BadInput(
                 path,
-                [(f"line {number}", "expected 'name==version --hash=sha256:<64 hex>' "
-                  f"(found {line[:80]!r})")],
+                [(f"line {number}", "is not 'name==version --hash=sha256:<64 hex>' (from "
+                  f"column {_first_bad_column(line) + len(raw) - len(raw.lstrip()) + 1})")],
             )
         name, version, hashes = m.group(1), m.group(2), m.group(3)
         try:
             exact_version(version)
-        except ValueError as exc:
-            raise BadInput(path, [(f"line {number}", str(exc))]) from None
+        except ValueError:
+            raise BadInput(path, [(f"line {number}", "the version is not an exact release "
+                                   "version (==X.Y.Z)")]) from None
         key = canonicalize_name(name)
         if key in seen:
-            raise BadInput(path, [(f"line {number}", f"{name} is listed twice")])
-        seen.add(key)
+            raise BadInput(path, [(f"line {number}", f"lists a package again (first on line "
+                                   f"{seen[key]})")])
+        seen[key] = number
         digests = tuple(h.split(":", 1)[1] for h in hashes.split())
         entries.append(LockEntry(name, version, digests))
     if not entries:

@@ -22,6 +22,7 @@ from packaging.version import Version
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from oracle_build.contracts.base import (
+    SAFE_NAME,
     DistName,
     ExactVersion,
     FullSha,
@@ -428,12 +429,13 @@ class PinModel(Strict):
     vllm: GitSource | ArchiveSource | WheelSource = Field(discriminator="kind")
     torch: Torch | None = None
     packages: dict[str, ExactVersion] = Field(default_factory=dict)
+    # a plain file name beside the pin (a pin embedded in someone else's golden names it too)
     lock: str | UnestablishedValue
     lock_exclude: list[str] = Field(default_factory=list)
     lock_exclude_reason: str | None = None
     # a source pin's established compiled bytes: a file beside the pin (contracts/compiled.py),
     # written by `oracle-build lock --compiled`; the recipe's output, not in the content hash
-    compiled: SafeName | UnestablishedValue | None = None
+    compiled: str | UnestablishedValue | None = None
     reproducible: Reproducible | None = None  # unset: not measured
     build: Build = Field(default_factory=Build)
     externals: list[External] = Field(default_factory=list)
@@ -455,6 +457,11 @@ class PinModel(Strict):
             dist_name(name)
         if not self.targets:
             raise ValueError("a pin needs at least one target")
+        for name in ("lock", "compiled"):
+            value = getattr(self, name)
+            if isinstance(value, str) and (not SAFE_NAME.match(value) or value in (".", "..")):
+                raise ValueError(f"@{name}: is not a plain file name beside the pin (letters, "
+                                 "digits, '.', '_', '-'; no folder): refused before any read")
         if self.patches and isinstance(self.vllm, WheelSource):
             raise ValueError("patches change a source before it is built; this pin installs "
                              "a wheel")
@@ -676,6 +683,9 @@ def load_pin(path: Path, *, check_lock: bool = True) -> Pin:
     lock_digest = ""
     if isinstance(model.lock, str) and check_lock:
         lock_path = (path.parent / model.lock).resolve()
+        if lock_path.parent != path.parent.resolve():
+            raise BadInput(path, [("lock", "is a link to a file outside the pin's folder: "
+                                   "refused (the lock lies beside its pin)")])
         if not lock_path.is_file():
             raise BadInput(path, [("lock", f"lock file {lock_path} not found")])
         entries = parse_lock(lock_path)

@@ -132,6 +132,17 @@ class CompiledFacts(Strict):
     levers: list[str]
     reproducible: str
 
+    @property
+    def fingerprint(self) -> str:
+        """One sha256 over every compiled file's path and sha256: equal for two oracles
+        exactly when their compiled bytes are."""
+        import hashlib
+
+        digest = hashlib.sha256()
+        for rel, sha in sorted(self.files.items()):
+            digest.update(f"{rel}\0{sha}\n".encode())
+        return digest.hexdigest()
+
 
 class CompilerCacheFacts(Strict):
     described: str
