@@ -174,9 +174,16 @@ set_target_properties(_C PROPERTIES PREFIX "" SUFFIX "" OUTPUT_NAME "${OUT_NAME}
 ARCHIVE_OPS_C = OPS_C.replace("#include <Python.h>", '#include <Python.h>\n#include "tinydep.h"') \
     .replace("PyLong_FromLong(42)", "PyLong_FromLong(TINYDEP_VALUE)")
 TINYDEP_H = "#define TINYDEP_VALUE 42\n"
-# the same package made unreproducible, as many are: the time of its compile in its bytes
+# the same package with the time of its compile in its bytes: reproducible all the same,
+# because GCC takes __DATE__ and __TIME__ from SOURCE_DATE_EPOCH, which every build sets
 STAMPED_OPS_C = ARCHIVE_OPS_C + (
     'const char srcpkg_built_at[] __attribute__((used)) = "built " __DATE__ " " __TIME__;\n')
+# ... and made unreproducible, as many packages are: its build folder (an absolute path, in
+# a define, which no compiler cache rewrites) in its bytes
+BUILD_DIR_CMAKE = ('target_compile_definitions(_C PRIVATE '
+                   '"SRCPKG_BUILT_IN=\\"${CMAKE_BINARY_DIR}\\"")\n')
+BUILD_DIR_OPS_C = ARCHIVE_OPS_C + (
+    'const char srcpkg_built_in[] __attribute__((used)) = "built in " SRCPKG_BUILT_IN;\n')
 
 
 def floor_patch() -> str:
@@ -214,7 +221,7 @@ def _tar(folder: Path, out: Path) -> None:
         tf.add(folder, arcname=folder.name)
 
 
-def make_sdist(root: Path, *, ops_c: str = ARCHIVE_OPS_C) -> Sdist:
+def make_sdist(root: Path, *, ops_c: str = ARCHIVE_OPS_C, cmake_extra: str = "") -> Sdist:
     """The package's release archive, its external's archive (and the external's commit and
     git tree, from a real git repository), and the patch that lowers its floor."""
     import hashlib
@@ -240,7 +247,7 @@ def make_sdist(root: Path, *, ops_c: str = ARCHIVE_OPS_C) -> Sdist:
     (top / "csrc").mkdir()
     (top / "setup.py").write_text(ARCHIVE_SETUP_PY)
     (top / "pyproject.toml").write_text(ARCHIVE_PYPROJECT)
-    (top / "CMakeLists.txt").write_text(ARCHIVE_CMAKE.lstrip("\n"))
+    (top / "CMakeLists.txt").write_text(ARCHIVE_CMAKE.lstrip("\n") + cmake_extra)
     (top / "csrc" / "ops.c").write_text(ops_c)
     (top / "vllm" / "__init__.py").write_text(INIT_PY)
     (top / "vllm" / "_version.py").write_text(

@@ -436,10 +436,13 @@ def test_recovery_into_a_fresh_home_from_the_registry(pushed: Pushed, tmp_path: 
     assert m.group(1) == fingerprint(members)
     assert numerics.stdout.count("top-k logprobs bit-identical") + numerics.stderr.count(
         "top-k logprobs bit-identical") == len(members)
-    # the verdict goes beside the build record; the record (goldens hold its sha256) is as
-    # published
+    # the verdict goes beside the oracle, never into it; the record (goldens hold its
+    # sha256) is as published
     assert (venv / "oracle-build" / "build-record.json").read_bytes() == record_before
-    beside = json.loads((venv / "oracle-build" / "numerics.json").read_text())
+    assert not (venv / "oracle-build" / "numerics.json").exists()
+    beside = json.loads((venv.parent / f"{venv.name}.numerics.json").read_text())
+    assert beside["anchor_sha256"] == hashlib.sha256(
+        (venv.parent / f"{venv.name}.anchor.json").read_bytes()).hexdigest()
     assert beside["fingerprint"] == m.group(1)
     assert beside["verdict"] == "ORACLE_NUMERICS_OK"
 

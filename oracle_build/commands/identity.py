@@ -14,7 +14,7 @@ from oracle_build.commands.common import (
     pin_and_target,
     print_identity,
 )
-from oracle_build.core.errors import EXIT_OK, OracleMissing
+from oracle_build.core.errors import EXIT_OK, OracleMissing, OutputFailed
 from oracle_build.core.log import say
 
 
@@ -59,10 +59,15 @@ def run_identity(args: argparse.Namespace) -> int:
         seconds = ident.files.seconds if ident.files is not None else 0.0
         say(f"deep check: {hashed} files hashed in {seconds:.1f}s")
         if build_record_path(venv).is_file() and not venv.is_symlink():
-            # beside the build record, never in it: its sha256 is what goldens record
+            # beside the venv, never in it (a check writes nothing into the oracle); a home
+            # that cannot be written (a read-only mount) keeps no record, and says so
             deep = DeepIdentity(utc=utc_now(), ok=ident.ok, files_hashed=hashed,
                                 seconds=round(seconds, 3), mismatches=len(ident.mismatches))
-            atomic_write_json(beside_record(venv, "deep-identity"), deep.model_dump(mode="json"))
+            try:
+                atomic_write_json(beside_record(venv, "deep-identity"),
+                                  deep.model_dump(mode="json"))
+            except OutputFailed as exc:
+                say(f"note: the deep check's record was not kept ({exc.message})")
     if not ident.ok:
         raise IdentityMismatch(ident.mismatches, where=str(venv))
     return EXIT_OK

@@ -17,6 +17,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from oracle_build.core.errors import BadInput, as_data
 
 MAX_TOKEN_ID = 2**31 - 1
+# a name (a golden's, a prompt's, a pin's) is printed where gates grep for verdicts
+VERDICT_PREFIXES = ("ORACLE_",)
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -32,6 +34,9 @@ def safe_name(value: str) -> str:
     if not SAFE_NAME.match(value) or value in (".", ".."):
         raise ValueError(f"{value!r} is not a safe name (letters, digits, '.', '_', '-'; "
                          "no slashes; at most 100)")
+    if value.upper().startswith(VERDICT_PREFIXES):
+        raise ValueError(f"{value!r} is not a safe name: it starts like a verdict word "
+                         "(ORACLE_...), which only the tool prints")
     return value
 
 

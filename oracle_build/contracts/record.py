@@ -265,7 +265,8 @@ class DeepIdentity(Strict):
 
 
 class NumericsRecord(Strict):
-    """numerics.json beside the record: the last battery run on this oracle."""
+    """<pin key>.numerics.json beside the oracle: the last battery run on it, bound to the
+    oracle's anchor as it was (a record of another build of this pin is not this one's)."""
 
     utc: str
     set: str
@@ -274,6 +275,7 @@ class NumericsRecord(Strict):
     whole_battery: bool
     captured: list[str]
     verified: list[str]
+    anchor_sha256: Sha256 | None = None
 
 
 def load_record(path: Path) -> BuildRecord:

@@ -67,7 +67,7 @@ DEVICE_SELECTION = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE
                     "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 # the caller's variables a dropped note names (what the engine or a library it loads reads)
 READ_BY_ENGINE = (*RECORDED_PREFIXES, "PYTHON", "HF_", "HUGGINGFACE", "TRANSFORMERS_",
-                  "TOKENIZERS_", "XDG_", "TMP", "TEMP", "SSL_", "REQUESTS_", "CURL_")
+                  "TOKENIZERS_", "XDG_")
 
 
 def passed(key: str) -> bool:
@@ -96,7 +96,9 @@ def oracle_env(overlay: Mapping[str, str] | None = None) -> dict[str, str]:
             "chooses it)")
         _told.update(untold)
     rest = sorted(k for k in os.environ if not passed(k) and k not in _told
-                  and k.startswith(READ_BY_ENGINE) and os.environ[k] != overlay.get(k))
+                  and k.startswith(READ_BY_ENGINE) and k not in ORACLE_RUN
+                  and k not in loader and k not in numerics
+                  and os.environ[k] != overlay.get(k))
     if rest:
         say(f"note: {', '.join(as_shown(k) for k in rest)} not passed to the oracle (its "
             "environment is built, not inherited: a variable the engine should see is "

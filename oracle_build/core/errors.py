@@ -58,13 +58,25 @@ class OracleBuildError(Exception):
         self.hint = hint
 
     def render(self) -> str:
+        """The one way an error reaches a terminal or a log: its lines, each with what
+        could rewrite a terminal escaped, and any line that reads as a verdict (an error is
+        never one, so such a line quotes something: a vLLM exception, a file's value) shown
+        behind a bar, so no error can print ORACLE_IDENTITY_OK or "=> PASS" at a line's
+        start, whatever its parts held."""
         text = f"oracle-build: {self.label}: {self.message}"
         if self.hint:
             text += f"\n  hint: {self.hint}"
-        return text
+        return "\n".join(_defused(line) for line in text.split("\n"))
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _defused(line: str) -> str:
+    from oracle_build.core.verdicts import VERDICT
+
+    shown = _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), line)
+    return f"  | {shown}" if VERDICT.match(shown) else shown
 
 
 def as_data(text: str, limit: int = 1000) -> str:
@@ -106,9 +118,11 @@ class IdentityMismatch(OracleBuildError):
         self, mismatches: list[tuple[str, str, str]], *, where: str, hint: str | None = None
     ) -> None:
         self.mismatches = mismatches
-        lines = [f"the oracle at {where} is not the pin's:"]
+        # every part may quote a file name in the venv, a record's or a golden's value
+        lines = [f"the oracle at {as_data(where)} is not the pin's:"]
         for field, expected, found in mismatches:
-            lines.append(f"  {field}: expected {expected}, found {found}")
+            lines.append(f"  {as_data(str(field))}: expected {as_data(str(expected))}, "
+                         f"found {as_data(str(found))}")
         super().__init__("\n".join(lines), hint=hint)
 
 

@@ -28,10 +28,20 @@ MAX_JSON_DEPTH = 64
 
 
 def sha256_file(path: Path, *, chunk: int = 1 << 20) -> str:
+    """A regular file's sha256. Anything else (a FIFO would block the reader forever, a
+    device never end) is refused on the open descriptor, before a byte is read."""
     digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BadInput(path, [("<file>", "not a regular file (a FIFO, socket or device): "
+                                   "refused, never read")])
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            while block := fh.read(chunk):
+                digest.update(block)
+    finally:
+        os.close(fd)
     return digest.hexdigest()
 
 

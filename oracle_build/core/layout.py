@@ -71,8 +71,10 @@ def build_record_path(venv: Path) -> Path:
 
 def beside_record(venv: Path, name: str) -> Path:
     """Facts learned after publish (the last deep identity check, the numerics battery's
-    verdict): beside the build record, never in it (its sha256 is what goldens record)."""
-    return venv / RECORD_DIR / f"{name}.json"
+    verdict): beside the venv and its anchor, ``<home>/oracles/<pin key>.<name>.json``,
+    never inside it (no check writes into the oracle; its build record's sha256 is what
+    goldens record)."""
+    return venv.parent / f"{venv.name}.{name}.json"
 
 
 def staging_dir(home: Path, pin_key: str) -> Path:

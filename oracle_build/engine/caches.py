@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oracle_build.core import layout
-from oracle_build.core.errors import OutputFailed, Refused, as_data
+from oracle_build.core.errors import BadInput, OutputFailed, Refused, as_data
 from oracle_build.core.filelock import held
-from oracle_build.core.files import json_value
+from oracle_build.core.files import json_value, read_bytes
 from oracle_build.core.log import say
 
 # read by inside/driver.py (it imports nothing from here): the folder the caches go under,
@@ -140,9 +140,9 @@ class CompileCache:
 
     def _describe(self) -> str:
         """The journal's own words (it is the tool's file, but read as data: any text)."""
-        try:
-            data = json_value(self.journal.read_text(errors="replace"))
-        except (OSError, ValueError):
+        try:  # a regular file only: a FIFO in its place would block every later run
+            data = json_value(read_bytes(self.journal).decode(errors="replace"))
+        except (OSError, ValueError, BadInput):
             return "journal unreadable"
         if not isinstance(data, dict):
             return "journal unreadable"

@@ -368,6 +368,9 @@ def compiled_checks(pin: Pin, target_name: str, machine: str,
     path = pin.compiled_path
     if path is None:
         return [], "bytes not held by the pin (it names no compiled file)"
+    if not path.exists() and not path.is_symlink():
+        return [], (f"bytes unestablished: {path.name} is not written yet (`oracle-build lock "
+                    "--compiled` establishes them from this oracle)")
     lock = load_compiled(path)
     if lock.pin != pin.id:
         raise BadInput(path, [("pin", f"names pin {lock.pin!r}; {pin.path.name} is "

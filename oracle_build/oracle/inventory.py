@@ -25,6 +25,7 @@ import hashlib
 import io
 import os
 import re
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -292,6 +293,10 @@ def check(venv: Path, manifest: dict[str, Any], *, deep: bool = False,
                             else "absent", f"symlink to {target}"))
             continue
         entry = files.get(rel)
+        if not stat.S_ISREG(st.st_mode):  # never opened: a FIFO would block the check
+            bad.append((f"file {rel}", "a regular file" if entry else "absent",
+                        "not a regular file (a FIFO, socket or device)"))
+            continue
         if entry is None:
             bad.append((f"file {rel}", "absent (installed by no wheel)",
                         f"added ({st.st_size} bytes)" + _startup_note(rel)))

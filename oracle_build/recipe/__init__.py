@@ -49,7 +49,7 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
                  wait: bool = True,
                  fill_wheelhouse: Callable[[], None] | None = None,
                  compiler_cache: bool = True, reuse_built: bool = True,
-                 keep_built: bool = True) -> BuildOutcome:
+                 compare_only: bool = False) -> BuildOutcome:
     """The pin's oracle for this target: re-checked if in place, else built and published.
     ``fill_wheelhouse``: called under the build lock before a build is planned (the oracle
     cache's pull), so the plan takes what it put there. ``compiler_cache``: False compiles
@@ -85,7 +85,7 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
             fill_wheelhouse()
         p = plan(pin, target_name, home=home, wheelhouse_root=wheelhouse_root, mirror=mirror,
                  externals_dir=externals_dir, checkout=checkout,
-                 compiler_cache=compiler_cache, reuse_built=reuse_built, keep_built=keep_built)
+                 compiler_cache=compiler_cache, reuse_built=reuse_built, compare_only=compare_only)
         say(p.render())
         made = run(p)
         assert made is not None  # a plan without stop_after runs to its publish
@@ -159,7 +159,7 @@ def check_rebuild(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pa
             f"compared with {installed}")
         build_oracle(pin, target_name, home=scratch, wheelhouse_root=wheelhouse_root,
                      mirror=mirror, externals_dir=externals_dir, compiler_cache=False,
-                     reuse_built=False, keep_built=False)
+                     reuse_built=False, compare_only=True)
         rebuilt_venv = layout.oracle_path(scratch, pin.key)
         first = inventory.compiled_files(installed, src.distribution)
         second = inventory.compiled_files(rebuilt_venv, src.distribution)

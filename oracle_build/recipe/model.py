@@ -86,9 +86,10 @@ class Plan:
     compiler_cache: toolchain.CompilerCache | None = None
     stop_after: str | None = None  # a step's name, or "configure" (inside the wheel step)
     last_times: dict[str, float] = field(default_factory=dict)  # each step, last time here
-    # a source build's wheel goes into the wheelhouse (later builds install it) unless this
-    # is a build made only to be compared (build_oracle --check)
-    keep_built: bool = True
+    # a build made only to be compared (build_oracle --check): its wheel stays out of the
+    # wheelhouse (later builds install the oracle's), and its compiled bytes are not held to
+    # the pin's at publish (they are what is compared, file by file)
+    compare_only: bool = False
 
     @property
     def from_source(self) -> bool:

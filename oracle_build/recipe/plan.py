@@ -128,7 +128,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
          mirror: str | None = None, externals_dir: Path | None = None,
          checkout: Path | None = None, compiler_cache: bool = True,
          stop_after: str | None = None, reuse_built: bool = True,
-         keep_built: bool = True) -> Plan:
+         compare_only: bool = False) -> Plan:
     """``checkout``: a tree at the pinned commit to read the build's facts from now
     (externals, switches, requirements, Rust); without it the build reads them from its
     own clone before configure, and refuses there what it would refuse here.
@@ -136,7 +136,8 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
     ``stop_after``: a step's name, or "configure": the build ends there (the wheel build is
     stopped at CMake's last configure line), its staging folder removed, nothing published.
     ``reuse_built``: False compiles even when the wheelhouse holds this pin's built wheel;
-    ``keep_built``: False leaves the wheel this build makes out of the wheelhouse."""
+    ``compare_only``: a build made to be compared with the oracle in place (its wheel left
+    out of the wheelhouse, its bytes not held to the pin's)."""
     target = pin.target(target_name)
     venv = layout.oracle_path(home, pin.key)
     staging = layout.staging_dir(home, pin.key)
@@ -351,7 +352,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                 checkout_facts=facts if read_now else None, wheel_unset=wheel_unset,
                 compilers=compilers, patches=decisions, compiler_cache=ccache,
                 stop_after=stop_after, last_times=last_times(home, pin.key),
-                keep_built=keep_built)
+                compare_only=compare_only)
 
 
 def patch_cmd(patch: Path, tree: Path) -> Cmd:

@@ -520,7 +520,7 @@ def check_wheel(state: BuildState, step: Step) -> None:
         compiled = devices.module(p.target).check_wheel(p, libraries, root)
     if compiled is not None:
         state.facts.compiled_arches = compiled
-    if p.keep_built:
+    if not p.compare_only:
         p.wheelhouse.add(wheel, origin="built")
 
 

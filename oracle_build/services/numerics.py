@@ -41,9 +41,10 @@ from oracle_build.core.errors import (
     PreflightFailed,
     as_data,
 )
-from oracle_build.core.files import atomic_write_bytes, atomic_write_json, read_text
+from oracle_build.core.files import atomic_write_bytes, atomic_write_json, read_text, sha256_file
 from oracle_build.core.layout import beside_record, build_record_path, utc_now
 from oracle_build.core.log import say
+from oracle_build.oracle import inventory
 from oracle_build.oracle.opening import Oracle, Oracles
 from oracle_build.services import capture as capture_svc
 from oracle_build.services import verify as verify_svc
@@ -244,7 +245,9 @@ def record(oracle: Oracle, out: Outcome, *, complete: bool) -> None:
     if not build_record_path(oracle.venv.path).is_file() or oracle.venv.path.is_symlink():
         return
     path = beside_record(oracle.venv.path, "numerics")
+    anchor = inventory.anchor_path(oracle.venv.path)
     data = NumericsRecord(utc=utc_now(), set=str(out.set_dir),
+                          anchor_sha256=sha256_file(anchor) if anchor.is_file() else None,
                           verdict=out.line or f"exit {out.exit_code}",
                           fingerprint=out.fingerprint, whole_battery=complete,
                           captured=out.captured, verified=[v.name for v in out.verified])
