@@ -167,7 +167,8 @@ def test_the_page_has_one_renderer_of_a_cell_and_escapes_by_default() -> None:
 # layer or below (an import under TYPE_CHECKING is a type, not a dependency).
 LAYERS = [
     ("", "core"), ("contracts",), ("devices",), ("host",),
-    ("oracle.venv", "oracle.inventory", "oracle.identity"), ("engine.host", "engine.caches"),
+    ("oracle.venv", "oracle.inventory", "oracle.elf", "oracle.identity"),
+    ("engine.host", "engine.caches"),
     ("oracle.opening",),
     ("engine.session", "engine.runs", "checkpoints", "recipe", "cache", "judge", "goldens"),
     ("report",), ("services",), ("commands", "interop"), ("cli", "__main__"),

@@ -42,7 +42,8 @@ def test_gpu_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str, 
     assert cmd.env["TORCH_CUDA_ARCH_LIST"] == arch
     # the pin's CMake arguments, then nvcc (and the host compilers) through the compiler cache
     launcher = p.compiler_cache.ccache if p.compiler_cache and p.compiler_cache.active else ""
-    assert cmd.env["CMAKE_ARGS"] == "-DFETCHCONTENT_FULLY_DISCONNECTED=ON " + " ".join(
+    assert cmd.env["CMAKE_ARGS"] == ("-DFETCHCONTENT_FULLY_DISCONNECTED=ON "
+                                     "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON ") + " ".join(
         f"-DCMAKE_{lang}_COMPILER_LAUNCHER={launcher}" for lang in ("C", "CXX", "CUDA"))
     assert cmd.env["VLLM_TARGET_DEVICE"] == "cuda"
     assert cmd.env["CMAKE_BUILD_TYPE"] == "Release"

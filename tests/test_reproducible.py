@@ -109,7 +109,8 @@ def test_an_unreproducible_build_is_caught_by_check_and_by_the_pins_bytes(
     args = ("--pin", str(pin), "--externals", str(s.externals))
     done = ob("build", *args, home=home, wheelhouse=wheelhouse)
     assert done.returncode == EXIT_OK, done.stderr[-3000:]
-    assert "compiled bytes unestablished: srcarchive.compiled.toml is not written yet" in done.stdout
+    assert ("compiled bytes unestablished: srcarchive.compiled.toml is not written yet"
+            in done.stdout)
     done = ob("lock", "--pin", str(pin), "--compiled", home=home, wheelhouse=wheelhouse)
     assert done.returncode == EXIT_OK, done.stderr[-3000:]
     path = pin.parent / "srcarchive.compiled.toml"

@@ -47,10 +47,15 @@ def register(sub: Subparsers) -> None:
                    "are read now (the build reads them again from its own clone)")
     b.add_argument("--rebuild", action="store_true",
                    help="replace the oracle even if one is in place (e.g. after drift)")
+    b.add_argument("--recompile", action="store_true",
+                   help="a source pin: compile even when the wheelhouse holds the wheel an "
+                   "earlier build made for this pin (through the compiler cache: minutes when "
+                   "it is warm), so that this build's record holds its toolchain")
     b.add_argument("--dry-run", action="store_true",
                    help="print every step, command and environment variable; run nothing")
     b.add_argument("--no-compiler-cache", action="store_true",
-                   help="compile every object anew (ccache into a throwaway folder); by "
+                   help="compile every object anew (ccache into a throwaway folder, and a "
+                   "wheel built earlier for this pin is not reused); by "
                    "default a source build compiles through ccache in <home>/ccache "
                    "(ORACLE_BUILD_COMPILER_CACHE names a folder homes can share; "
                    "ORACLE_BUILD_COMPILER_CACHE_SIZE bounds it, default 8G)")
@@ -84,7 +89,8 @@ def run_build(args: argparse.Namespace) -> int:
                         externals_dir=ext_dir,
                         checkout=Path(args.checkout).resolve() if args.checkout else None,
                         compiler_cache=not args.no_compiler_cache, stop_after=args.stop_after,
-                        reuse_built=not args.stop_after)
+                        reuse_built=not (args.stop_after or args.recompile
+                                         or args.no_compiler_cache))
         if args.json:
             print(json.dumps(p.as_dict(), indent=2))
         else:
@@ -111,7 +117,8 @@ def run_build(args: argparse.Namespace) -> int:
                                   checkout=Path(args.checkout).resolve() if args.checkout else None,
                                   rebuild=args.rebuild,
                                   wait=not args.no_wait, fill_wheelhouse=fill,
-                                  compiler_cache=not args.no_compiler_cache)
+                                  compiler_cache=not args.no_compiler_cache,
+                                  reuse_built=not (args.no_compiler_cache or args.recompile))
     print_identity(outcome.identity, args.json)
     if not outcome.built:
         say(f"identity re-checked in {outcome.seconds:.1f}s (nothing rebuilt)")

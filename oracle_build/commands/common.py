@@ -52,6 +52,7 @@ def find_default_pin() -> Path:
     `diff`; not a pin that says `default = false`) that has a target for this host, GPU pins
     first. Two that fit equally well are an error, never a silent alphabetical choice."""
     from oracle_build import host
+    from oracle_build.contracts.compiled import COMPILED_SUFFIX
     from oracle_build.contracts.pins import load_pin
 
     env = tool_variable("ORACLE_BUILD_PIN")
@@ -63,6 +64,8 @@ def find_default_pin() -> Path:
     here = host.host()
     candidates: list[tuple[int, Path]] = []
     for path in sorted(PINS_DIR.glob("*.toml")):
+        if path.name.endswith(COMPILED_SUFFIX):  # a pin's compiled bytes, not a pin
+            continue
         pin = load_pin(path)
         if not pin.model.default:
             continue

@@ -24,8 +24,11 @@ from oracle_build.core.errors import BadInput
 from oracle_build.core.files import load_toml, validate
 
 COMPILED_SCHEMA = 1
+# every such file's name ends so (the pin's `compiled` is checked): never taken for a pin
+COMPILED_SUFFIX = ".compiled.toml"
 
-__all__ = ["COMPILED_SCHEMA", "CompiledEntry", "CompiledLock", "load_compiled", "render"]
+__all__ = ["COMPILED_SCHEMA", "COMPILED_SUFFIX", "CompiledEntry", "CompiledLock", "load_compiled",
+           "render"]
 
 
 class CompiledEntry(Strict):
@@ -81,8 +84,10 @@ def render(model: CompiledLock) -> str:
     """The file's text: one renderer, read back by load_compiled."""
     lines = [
         f"# The compiled bytes of pin {model.pin!r}, established by `oracle-build lock "
-        "--compiled` from built oracles (docs/reproducible-builds.md). Not part of the pin's",
-        "# content hash. Regenerate it, review the diff, commit it.",
+        "--compiled`",
+        "# from built oracles (docs/reproducible-builds.md). Not part of the pin's content "
+        "hash.",
+        "# Regenerate it, review the diff, commit it.",
         f"schema = {model.schema_}",
         f"pin = {_quote(model.pin)}",
     ]

@@ -462,6 +462,9 @@ class PinModel(Strict):
             if isinstance(value, str) and (not SAFE_NAME.match(value) or value in (".", "..")):
                 raise ValueError(f"@{name}: is not a plain file name beside the pin (letters, "
                                  "digits, '.', '_', '-'; no folder): refused before any read")
+        if isinstance(self.compiled, str) and not self.compiled.endswith(".compiled.toml"):
+            raise ValueError("@compiled: names a file ending in .compiled.toml (so that it is "
+                             "never taken for a pin)")
         if self.patches and isinstance(self.vllm, WheelSource):
             raise ValueError("patches change a source before it is built; this pin installs "
                              "a wheel")

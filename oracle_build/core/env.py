@@ -90,7 +90,7 @@ def oracle_env(overlay: Mapping[str, str] | None = None) -> dict[str, str]:
     numerics = sorted(k for k in os.environ if k in CPU_NUMERICS)
     untold = [k for k in numerics if k not in _told]
     if untold:
-        shown = ", ".join(f"{k}={as_shown(os.environ[k])}" for k in untold)
+        shown = ", ".join(f"{k}={as_shown(repr(os.environ[k]))}" for k in untold)
         say(f"note: {shown} not passed to the oracle (they move CPU numerics: the kernel "
             "variant the run holds sets them; a pin's kernel_variant or --kernel-variant "
             "chooses it)")

@@ -61,8 +61,8 @@ class OracleBuildError(Exception):
         """The one way an error reaches a terminal or a log: its lines, each with what
         could rewrite a terminal escaped, and any line that reads as a verdict (an error is
         never one, so such a line quotes something: a vLLM exception, a file's value) shown
-        behind a bar, so no error can print ORACLE_IDENTITY_OK or "=> PASS" at a line's
-        start, whatever its parts held."""
+        behind a bar, so no error prints a verdict word or a status arrow at a line's start,
+        whatever its parts held."""
         text = f"oracle-build: {self.label}: {self.message}"
         if self.hint:
             text += f"\n  hint: {self.hint}"
@@ -72,11 +72,17 @@ class OracleBuildError(Exception):
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 
 
-def _defused(line: str) -> str:
-    from oracle_build.core.verdicts import VERDICT
+# What a gate script or a reader takes for a verdict, at the start of a line (after blanks).
+# Here, below core/verdicts.py (which writes the lines and reads this), because every error
+# line is rendered against it.
+LOOKS_LIKE_VERDICT = re.compile(
+    r"^\s*(ORACLE_[A-Z_]+|=> |verify: .*\(exit \d+\)|#+ oracle-build |"
+    r"#+ .*: (PASS|DRIFT|ORACLE MISMATCH|CONFIGURATION DIFFERENCE)\b)")
 
+
+def _defused(line: str) -> str:
     shown = _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), line)
-    return f"  | {shown}" if VERDICT.match(shown) else shown
+    return f"  | {shown}" if LOOKS_LIKE_VERDICT.match(shown) else shown
 
 
 def as_data(text: str, limit: int = 1000) -> str:

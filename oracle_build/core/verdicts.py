@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from oracle_build.core.errors import LOOKS_LIKE_VERDICT, as_data
+
 IDENTITY_OK = "ORACLE_IDENTITY_OK"
 IDENTITY_MISMATCH = "ORACLE_IDENTITY_MISMATCH"
 NUMERICS_OK = "ORACLE_NUMERICS_OK"
@@ -26,9 +28,9 @@ NUMERICS_LINES = (NUMERICS_OK, NUMERICS_DRIFT, NUMERICS_NOT_HELD, NUMERICS_CAPTU
 # an imported golden's banner: nothing can be re-run under a configuration never recorded
 UNRECORDED_BANNER = "CONFIGURATION UNRECORDED: NOT ADJUDICABLE"
 
-# what a gate script or a reader takes for a verdict, at the start of a line (after blanks)
-VERDICT = re.compile(r"^\s*(ORACLE_[A-Z_]+|=> |verify: .*\(exit \d+\)|#+ oracle-build |"
-                     r"#+ .*: (PASS|DRIFT|ORACLE MISMATCH|CONFIGURATION DIFFERENCE)\b)")
+# what a gate script or a reader takes for a verdict, at the start of a line (after blanks):
+# core/errors.py holds the pattern (every error line is rendered against it)
+VERDICT = LOOKS_LIKE_VERDICT
 
 
 def identity(ok: bool) -> str:
@@ -70,8 +72,6 @@ def golden(status: str, why: str = "") -> str:
     """A golden's verdict line in verify's report: ``  => PASS`` or ``  => DRIFT: why``
     (``why`` is the tool's own sentence; any value inside it was escaped where it was
     written, and it is escaped again here, so that it cannot end this line)."""
-    from oracle_build.core.errors import as_data
-
     return f"  => {status_words(status)}" + (f": {as_data(why, 2000)}" if why else "")
 
 

@@ -133,6 +133,11 @@ class Device:
         """What check-wheel checks beyond the version ('' when nothing)."""
         return ""
 
+    def toolchain_parts(self, preflight: dict[str, Any]) -> list[str]:
+        """The device compiler a source build's compiled bytes depend on, as the toolchain
+        key names it ("nvcc: 13.0.88"), from what this device's preflight recorded."""
+        return []
+
     def check_wheel(self, plan: Build, libraries: list[Path],
                     root: Path) -> dict[str, Any] | None:
         """The built wheel's compiled code against the target (BuildFailed); its facts."""

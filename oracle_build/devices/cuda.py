@@ -95,6 +95,10 @@ class Cuda(Device):
     def build_env(self, target: Target, env: dict[str, str]) -> None:
         env["TORCH_CUDA_ARCH_LIST"] = _cuda(target).torch_cuda_arch_list
 
+    def toolchain_parts(self, preflight: dict[str, Any]) -> list[str]:
+        value = preflight.get("nvcc")
+        return [f"nvcc: {value}"] if isinstance(value, str) and value else []
+
     def preflight(self, plan: Build, facts: dict[str, Any], h: Host) -> None:
         cuda_home = plan.build_env.get("CUDA_HOME") or environ.get("CUDA_HOME")
         if not cuda_home or not (Path(cuda_home) / "bin" / "nvcc").exists():

@@ -228,6 +228,10 @@ class Rocm(Device):
         env["PYTORCH_ROCM_ARCH"] = t.pytorch_rocm_arch
         env.setdefault("ROCM_HOME", t.rocm_home or DEFAULT_ROCM_HOME)
 
+    def toolchain_parts(self, preflight: dict[str, Any]) -> list[str]:
+        value = preflight.get("hip_version")
+        return [f"hip: {value}"] if isinstance(value, str) and value else []
+
     def preflight(self, plan: Build, facts: dict[str, Any], h: Host) -> None:
         """hipcc under ROCM_HOME and its HIP version (the pin's), and an amdgpu driver that
         answers with an AMD GPU."""

@@ -116,8 +116,8 @@ def establish_compiled(pin: Pin, target_name: str, home: Path, *, replace: bool 
     if compiled is None or compiled.toolchain is None:
         raise Refused(f"{venv}: its build record holds no compiled files with their "
                       "toolchain (built by an earlier oracle-build, or installed from a wheel "
-                      "built earlier)", hint="`build_oracle -- --rebuild --no-compiler-cache`"
-                      " compiles it here, recorded")
+                      "built earlier)", hint="`build_oracle -- --rebuild --recompile` "
+                      "compiles it here, through the compiler cache, recorded")
     held = load_compiled(path) if path.exists() else CompiledLock.model_validate(
         {"schema": COMPILED_SCHEMA, "pin": m.id})
     if held.pin != m.id:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from oracle_build import host
+from oracle_build import devices, host
 from oracle_build.contracts.pins import FromSource
 from oracle_build.contracts.record import (
     RECORD_SCHEMA,
@@ -68,7 +68,8 @@ def compiled_facts(state: BuildState) -> CompiledFacts | None:
     tools = state.facts.toolchain
     return CompiledFacts(
         files=inventory.compiled_files(p.staging_venv, src.distribution),
-        toolchain=(toolchain.toolchain_key(tools, state.facts.preflight)
+        toolchain=(toolchain.toolchain_key(
+            tools, devices.module(p.target).toolchain_parts(state.facts.preflight))
                    if p.from_source and tools is not None else None),
         levers=levers(p) if p.from_source else [],
         reproducible=reproducible_text(p.pin))

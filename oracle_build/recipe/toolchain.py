@@ -261,20 +261,17 @@ def linker(cxx: Compiler, env: dict[str, str]) -> str | None:
     return tool_version([path, "--version"], env) if path else None
 
 
-def toolchain_key(tools: ToolchainFacts, preflight: dict[str, Any]) -> str:
+def toolchain_key(tools: ToolchainFacts, device_parts: list[str]) -> str:
     """One line naming what a source build's compiled bytes depend on beyond the pin: each
-    compiler and the linker by their own --version lines, and the device compiler (nvcc,
-    hipcc) where the target has one. The same pin built with the same key on two hosts must
-    give the same bytes; another key is another entry of the pin's compiled bytes."""
+    compiler and the linker by their own --version lines, and the device's compiler where
+    the target has one (``device_parts``: devices' toolchain_parts). The same pin built with
+    the same key on two hosts must give the same bytes; another key is another entry of the
+    pin's compiled bytes."""
     parts = [f"{role}: {c.identity or c.version or c.asked + ' (not found)'}"
              for role, c in sorted(tools.compilers.items())]
     if tools.linker:
         parts.append(f"ld: {tools.linker}")
-    for key, label in (("nvcc", "nvcc"), ("hip_version", "hip")):
-        value = preflight.get(key)
-        if isinstance(value, str) and value:
-            parts.append(f"{label}: {value}")
-    return "; ".join(parts)
+    return "; ".join([*parts, *device_parts])
 
 
 def tool_version(argv: list[str], env: dict[str, str] | None = None) -> str | None:
