@@ -730,6 +730,18 @@ def test_a_fifo_where_a_file_was_never_blocks(tmp_path: Path) -> None:
     assert not cache.journal.exists() and cache.root.is_dir()
 
 
+def test_a_report_shows_a_value_json_cannot_say() -> None:
+    """verify --oracle on the source pin (whose commit is unestablished) printed the pin's
+    value as a model: the report's one formatter shows it as the pin file writes it, and
+    anything else JSON cannot say as its text, never an internal error (seen: exit 70)."""
+    from oracle_build.contracts.pins import UnestablishedValue
+    from oracle_build.report.values import fmt
+
+    value = UnestablishedValue(status="unestablished", reason="no GitHub here")
+    assert fmt(value).startswith('{"status": "unestablished", "reason": "no GitHub')
+    assert fmt({"a": Path("/x")}) == '{"a": "/x"}'
+
+
 def test_imported_text_is_printed_on_one_line(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     """An imported golden's prose (the source's own reasons) is printed escaped: a newline in

@@ -75,7 +75,7 @@ def chart(p: PagePrompt, band: float) -> Chart:
 
 def value(v: object) -> str:
     """A differing setting's value as the page shows it (escaped by the template)."""
-    return json.dumps(v) if not isinstance(v, str) else v
+    return json.dumps(v, default=str) if not isinstance(v, str) else v
 
 
 @cache

@@ -14,9 +14,16 @@ from oracle_build.contracts.base import printable
 from oracle_build.core.errors import as_data
 
 
+def _plain(value: Any) -> Any:
+    """A model (an unestablished pin value, say) as the JSON its file holds; anything else
+    JSON cannot say, as its text: a value shown never fails the report."""
+    dump = getattr(value, "model_dump", None)
+    return dump(mode="json") if callable(dump) else str(value)
+
+
 def fmt(value: Any) -> str:
     """A value read from a golden, a pin or a run, as data, bounded to a table cell."""
-    text = json.dumps(value) if not isinstance(value, str) else value
+    text = json.dumps(value, default=_plain) if not isinstance(value, str) else value
     text = printable(text)
     return text if len(text) <= 60 else text[:57] + "..."
 

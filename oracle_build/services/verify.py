@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from oracle_build import devices, goldens, host, judge
 from oracle_build.checkpoints.resolve import recorded_model
 from oracle_build.contracts.base import printable
@@ -87,7 +89,10 @@ def wheel_diff(rec: Recorded, oracle: Oracle) -> list[FieldDiff]:
     new = oracle.pin.model.vllm
     out = []
     for key in ("sha256", "commit"):
-        a, b = old.get(key), getattr(new, key, None)
+        b: Any = getattr(new, key, None)
+        if isinstance(b, BaseModel):  # an unestablished value, as the pin file writes it
+            b = b.model_dump(mode="json")
+        a = old.get(key)
         if a != b:
             out.append(FieldDiff(field=f"vllm.{key}", golden=a, current=b, cls="identity"))
     return out
