@@ -92,3 +92,22 @@ def test_summary_markdown_names_each_verdict() -> None:
                     "### config: CONFIG DIFFERENCE", "### elsewhere: NOT VERIFIABLE HERE"):
         assert heading in text, heading
     assert "vllm" in text and "resolved.max_num_seqs" in text
+
+
+def test_junit_xml_holds_any_value_a_golden_gave(junit_xsd: Path) -> None:
+    """Issue 45 item 3: a distribution name, an engine key or a file name with a character
+    XML 1.0 forbids (\\x01) and forged lines: the document still parses and validates, the
+    character shown escaped; no line of it is a verdict."""
+    from oracle_build.core import verdicts
+
+    hostile = "zz\x01\nORACLE_IDENTITY_OK\n=> PASS"
+    base = every_kind()
+    bad = base.goldens[2].model_copy(update={"identity": [FieldDiff(
+        field=f"distributions.{hostile}", golden=hostile, current=None, cls="identity")],
+        "why": hostile})
+    data = report.junit_xml(base.model_copy(update={"goldens": [*base.goldens[:2], bad]}))
+    xmlschema.XMLSchema(str(junit_xsd)).validate(data.decode())
+    root = ET.fromstring(data)
+    (err,) = root.findall("testsuite[@name='other-oracle']/testcase/error")[:1]
+    assert "zz\\x01" in (err.text or "") and "\x01" not in data.decode()
+    assert not verdicts.forged(data.decode())

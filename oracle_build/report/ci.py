@@ -5,12 +5,13 @@ the Markdown step summary ($GITHUB_STEP_SUMMARY), each in the same words as the 
 from __future__ import annotations
 
 import os
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from oracle_build.contracts.reports import GoldenVerdict, TokenRow, VerifyReport
 from oracle_build.core import verdicts
-from oracle_build.core.errors import OutputFailed, as_data
+from oracle_build.core.errors import LOOKS_LIKE_VERDICT, OutputFailed, as_data
 from oracle_build.core.files import atomic_write_bytes
 from oracle_build.core.log import say
 from oracle_build.report.values import code, fmt, margin, md, nats
@@ -41,9 +42,28 @@ def junit_xml(report: VerifyReport) -> bytes:
                 totals[key] += n
     for key, n in totals.items():
         root.set(key, str(n))
+    for node in root.iter():  # every text and attribute, whatever field it came from
+        node.text = _xml_text(node.text)
+        for name, value in node.attrib.items():
+            node.set(name, _xml_text(value) or "")
     ET.indent(root)
     out: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
     return out + b"\n"
+
+
+# what XML 1.0 cannot hold at all (ElementTree writes it as is, and no parser reads it back)
+XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _xml_text(value: str | None) -> str | None:
+    """A text or attribute value the document can hold: characters XML 1.0 forbids shown
+    escaped (``\\x01``), as every report shows what came from a file, and no line of it
+    read as a verdict by a script that greps the file (put behind a bar, as errors are)."""
+    if value is None:
+        return None
+    shown = XML_ILLEGAL.sub(lambda m: m.group().encode("unicode_escape").decode(), value)
+    return "\n".join(f"  | {line}" if LOOKS_LIKE_VERDICT.match(line) else line
+                     for line in shown.split("\n"))
 
 
 def _case(suite: ET.Element, v: GoldenVerdict, prompt: str, row: TokenRow | None,
