@@ -105,7 +105,8 @@ def _cli(session: nox.Session, *args: str) -> None:
 def build_oracle(session: nox.Session) -> None:
     """Build the pinned oracle and print ORACLE_IDENTITY_OK (`-- --pin P --target T --dry-run`).
 
-    Also: --rebuild, --mirror M, --externals D, --home H, --wheelhouse W.
+    Also: --rebuild, --mirror M, --externals D, --home H, --wheelhouse W, --recompile,
+    --no-compiler-cache, and --check (a source pin: a cold rebuild compared byte for byte).
     """
     _cli(session, "build")
 
