@@ -41,7 +41,8 @@ def register(sub: Subparsers) -> None:
         "another CPU model, is NOT HELD across CPU models (ORACLE_NUMERICS_NOT_HELD, exit "
         "11), never drift. With no set for this key (a new gate host): it is captured, and "
         "the folder to commit is printed. Either way the set's fingerprint (sha256 over its "
-        "tokens and logprobs) is printed and kept beside the oracle's build record.",
+        "tokens and logprobs) is printed and kept beside the oracle (outside it, bound to its "
+        "anchor).",
         epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pin_args(nm)
     nm.add_argument("--battery", default="goldens/numerics",

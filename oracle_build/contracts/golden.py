@@ -29,7 +29,7 @@ from oracle_build.contracts.base import (
 )
 from oracle_build.contracts.spec import Classification, EngineValue, GateSpec
 from oracle_build.contracts.topk import TopKTable
-from oracle_build.core.env import SPEC_ENV_NAME, spec_env_problem
+from oracle_build.core.env import spec_env_problems
 from oracle_build.core.errors import BadInput
 from oracle_build.core.files import (
     dumps_json,
@@ -472,14 +472,8 @@ def recorded(golden: Golden, path: Path) -> Recorded:
     assert isinstance(golden.oracle, OracleRecord) and golden.engine is not None
     assert golden.spec is not None and golden.batch is not None
     assert golden.environment is not None and golden.logprobs is not None
-    env = golden.spec.get("env", {})
-    if not isinstance(env, dict) or len(env) > 64:
-        raise BadInput(path, [("spec.env", "is not a table of at most 64 settings")])
-    for name, value in env.items():
-        problem = (spec_env_problem(name, value) if isinstance(value, str)
-                   else "value is not a string")
-        if problem is not None:
-            raise BadInput(path, [(f"spec.env.{name if SPEC_ENV_NAME.match(name) else '<name>'}",
-                                   problem)])
+    problems = spec_env_problems(golden.spec.get("env", {}), "spec.env")
+    if problems:  # verify runs the golden's spec: the same rules as a spec on disk
+        raise BadInput(path, problems)
     return Recorded(golden, golden.oracle, golden.engine, golden.spec, golden.batch,
                     golden.environment, golden.logprobs)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from oracle_build.contracts.base import FULL_SHA, SafeName, Sha256, Strict, TokenId
-from oracle_build.core.env import SPEC_ENV_NAME, spec_env_problem
+from oracle_build.core.env import spec_env_problems
 from oracle_build.core.files import load_toml, validate
 
 SPEC_SCHEMA = 1
@@ -142,11 +142,8 @@ class Spec(Strict):
                 raise ValueError("batch.groups must name every prompt id exactly once")
             if any(not g for g in self.batch.groups):
                 raise ValueError("batch.groups has an empty group")
-        for name, value in self.env.items():
-            problem = spec_env_problem(name, value)
-            if problem is not None:
-                raise ValueError(f"@env.{name if SPEC_ENV_NAME.match(name) else '<name>'}: "
-                                 f"{problem}")
+        for field, problem in spec_env_problems(self.env, "env")[:1]:
+            raise ValueError(f"@{field}: {problem}")
         for key in self.engine:
             if key in ("model", "tokenizer"):
                 raise ValueError(f"engine.{key}: the model comes from [model], not engine")

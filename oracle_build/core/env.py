@@ -129,6 +129,21 @@ SPEC_ENV_WORDS = ("PATH", "DIR", "ROOT", "HOME", "FILE", "CONFIG", "PLUGIN", "CA
 TOOL_SET = ("VLLM_ENABLE_V1_MULTIPROCESSING",)
 
 
+def spec_env_problems(env: object, where: str) -> list[tuple[str, str]]:
+    """(field, problem) for a capture spec's [env] as read from a spec or a golden's spec
+    (``where``: the field's prefix); a name that is not one is never echoed."""
+    if not isinstance(env, dict) or len(env) > 64:
+        return [(where, "is not a table of at most 64 settings")]
+    out = []
+    for name, value in env.items():
+        problem = (spec_env_problem(name, value) if isinstance(value, str)
+                   else "value is not a string")
+        if problem is not None:
+            shown = name if isinstance(name, str) and SPEC_ENV_NAME.match(name) else "<name>"
+            out.append((f"{where}.{shown}", problem))
+    return out
+
+
 def spec_env_problem(name: str, value: str) -> str | None:
     """Why a capture spec may not set ``name`` to ``value`` (None: it may)."""
     if not SPEC_ENV_NAME.match(name):

@@ -66,7 +66,7 @@ class OracleBuildError(Exception):
         text = f"oracle-build: {self.label}: {self.message}"
         if self.hint:
             text += f"\n  hint: {self.hint}"
-        return "\n".join(_defused(line) for line in text.split("\n"))
+        return defused_lines(text)
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
@@ -80,9 +80,15 @@ LOOKS_LIKE_VERDICT = re.compile(
     r"#+ .*: (PASS|DRIFT|ORACLE MISMATCH|CONFIGURATION DIFFERENCE)\b)")
 
 
-def _defused(line: str) -> str:
-    shown = _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), line)
-    return f"  | {shown}" if LOOKS_LIKE_VERDICT.match(shown) else shown
+def defused_lines(text: str) -> str:
+    """``text`` as lines a terminal, a log or a report can show: in each line what could
+    rewrite a terminal escaped, and a line that reads as a verdict put behind a bar (the one
+    place this is done: errors and reports alike)."""
+    out = []
+    for line in text.split("\n"):
+        shown = _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), line)
+        out.append(f"  | {shown}" if LOOKS_LIKE_VERDICT.match(shown) else shown)
+    return "\n".join(out)
 
 
 def as_data(text: str, limit: int = 1000) -> str:

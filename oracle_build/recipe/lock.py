@@ -86,7 +86,7 @@ def establish_compiled(pin: Pin, target_name: str, home: Path, *, replace: bool 
     from oracle_build.contracts.pins import FromSource
     from oracle_build.contracts.record import load_record
     from oracle_build.core import layout
-    from oracle_build.core.errors import IdentityMismatch, OracleMissing
+    from oracle_build.core.errors import BadInput, IdentityMismatch, OracleMissing
     from oracle_build.oracle import identity
     from oracle_build.oracle.venv import OracleVenv
 
@@ -121,8 +121,6 @@ def establish_compiled(pin: Pin, target_name: str, home: Path, *, replace: bool 
     held = load_compiled(path) if path.exists() else CompiledLock.model_validate(
         {"schema": COMPILED_SCHEMA, "pin": m.id})
     if held.pin != m.id:
-        from oracle_build.core.errors import BadInput
-
         raise BadInput(path, [("pin", f"names pin {held.pin!r}; {pin.path.name} is {m.id!r}")])
     name = str(record.target.get("name") or target_name)
     key = (pin.content_hash, name, target.machine, compiled.toolchain)

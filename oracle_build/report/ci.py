@@ -11,7 +11,7 @@ from pathlib import Path
 
 from oracle_build.contracts.reports import GoldenVerdict, TokenRow, VerifyReport
 from oracle_build.core import verdicts
-from oracle_build.core.errors import LOOKS_LIKE_VERDICT, OutputFailed, as_data
+from oracle_build.core.errors import OutputFailed, as_data, defused_lines
 from oracle_build.core.files import atomic_write_bytes
 from oracle_build.core.log import say
 from oracle_build.report.values import code, fmt, margin, md, nats
@@ -61,9 +61,8 @@ def _xml_text(value: str | None) -> str | None:
     read as a verdict by a script that greps the file (put behind a bar, as errors are)."""
     if value is None:
         return None
-    shown = XML_ILLEGAL.sub(lambda m: m.group().encode("unicode_escape").decode(), value)
-    return "\n".join(f"  | {line}" if LOOKS_LIKE_VERDICT.match(line) else line
-                     for line in shown.split("\n"))
+    return defused_lines(
+        XML_ILLEGAL.sub(lambda m: m.group().encode("unicode_escape").decode(), value))
 
 
 def _case(suite: ET.Element, v: GoldenVerdict, prompt: str, row: TokenRow | None,

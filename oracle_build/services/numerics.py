@@ -241,7 +241,7 @@ def captured_elsewhere(golden_path: Path) -> str:
 
 
 def record(oracle: Oracle, out: Outcome, *, complete: bool) -> None:
-    """The fingerprint and verdict, beside the oracle's build record (never in it)."""
+    """The fingerprint and verdict, beside the oracle (never in it), bound to its anchor."""
     if not build_record_path(oracle.venv.path).is_file() or oracle.venv.path.is_symlink():
         return
     path = beside_record(oracle.venv.path, "numerics")
