@@ -295,8 +295,12 @@ def sampled_spec(tmp_path: Path, name: str) -> Path:
 def test_disagreeing_legs_refuse_then_publish_marked(cpu_oracle: BuiltOracle, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]
                                                      ) -> None:
-    """Slow: runs the real vLLM engine (an engine start is about 20 s here)."""
+    """Slow: runs the real vLLM engine (an engine start is about 20 s here). The spec also
+    sets an engine variable in its [env] (issue 45): the engine runs with it and the golden
+    records it, in its spec and in the environment the engine saw."""
     spec = sampled_spec(tmp_path, "sampled")
+    (spec / "spec.toml").write_text((spec / "spec.toml").read_text()
+                                    + '\n[env]\nVLLM_LOGGING_LEVEL = "DEBUG"\n')
     out = tmp_path / "out"
     args = ["capture", str(spec), "--out", str(out), "--home", str(cpu_oracle.home)]
     assert main(args) == 8
@@ -308,6 +312,9 @@ def test_disagreeing_legs_refuse_then_publish_marked(cpu_oracle: BuiltOracle, tm
     assert golden.nondeterministic is True and golden.legs is not None
     assert not golden.legs.agree and golden.legs.disagreements
     assert golden.gate.kind == "distributional"  # never a strict gate
+    assert golden.spec is not None and golden.spec["env"] == {"VLLM_LOGGING_LEVEL": "DEBUG"}
+    assert golden.environment is not None
+    assert golden.environment["VLLM_LOGGING_LEVEL"] == "DEBUG"
 
 
 @pytest.mark.slow

@@ -239,3 +239,24 @@ def test_the_cache_carries_and_holds_the_compiled_bytes(tmp_path: Path) -> None:
         assert not list((other / "wh").rglob("*.whl"))
     finally:
         srv.stop()
+
+
+def test_list_groups_source_oracles_with_the_same_compiled_bytes() -> None:
+    """`list`'s text: two trusted source oracles of one pin whose compiled bytes are the
+    same are one line, `the same bytes`; an untrusted one is not counted in it, and an
+    oracle with other bytes has its own line."""
+    from oracle_build.cache.fleet import Listed, render
+
+    def entry(tag: str, fp: str, host: str, signature: str = "trusted") -> Listed:
+        return Listed(tag=tag, pin_id="cpu-source", pin_hash="10" * 32, target="cpu",
+                      built_on=host, signature=signature, compiled_fingerprint=fp)
+
+    text = render([entry("a", "ab" * 32, "host-a"), entry("b", "ab" * 32, "host-b"),
+                   entry("c", "ab" * 32, "host-c", "untrusted (x-1)"),
+                   entry("d", "cd" * 32, "host-d")], "oci://r/team/oracles")
+    lines = text.splitlines()
+    same = next(x for x in lines if x.startswith(f"  {'ab' * 8}:"))
+    assert "host-a" in same and "host-b" in same and same.endswith("the same bytes")
+    assert "host-c" not in same
+    other = next(x for x in lines if x.startswith(f"  {'cd' * 8}:"))
+    assert "host-d" in other and not other.endswith("the same bytes")
