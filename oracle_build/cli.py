@@ -79,7 +79,24 @@ def _run(args: argparse.Namespace) -> int:
         say("oracle-build: interrupted")
         return EXIT_INTERRUPTED
     except Exception as exc:  # a bug of ours: never exit 1 (drift), never a bare traceback
+        if _interrupted(exc):
+            say("oracle-build: interrupted")
+            return EXIT_INTERRUPTED
         return _internal(args, exc)
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """An interrupt that became another error while the stack unwound is an interrupt: a
+    Ctrl-C landing inside the standard library's own cleanup (shutil.rmtree closing a
+    descriptor twice raises EBADF over the KeyboardInterrupt) is not a bug of ours."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _internal(args: argparse.Namespace, exc: BaseException) -> int:

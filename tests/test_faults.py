@@ -7,6 +7,7 @@ import ast
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -54,7 +55,10 @@ def start(args: list[str], **env: str) -> subprocess.Popen[str]:
 
 class Watched:
     """A CLI run whose progress (stderr) is read as it comes, so a test knows which step
-    it is in from the run's own output, not from a delay."""
+    it is in from the run's own output, not from a delay. Once the run's group is frozen
+    (SIGSTOP) nothing more is written, so ``settled`` reads the pipe to its end under the
+    reader's lock: the phase judged then is the phase the run was frozen in, however far
+    behind a loaded machine left the reader."""
 
     def __init__(self, args: list[str], freeze_on: str | None = None) -> None:
         """``freeze_on``: the reader itself freezes the run (SIGSTOP to its group) the moment
@@ -63,18 +67,66 @@ class Watched:
         self.freeze_on = freeze_on
         self.frozen = threading.Event()
         self.lines: list[str] = []
-        self.proc = start(args)
+        self._partial = b""
+        self._eof = False
+        self._lock = threading.Lock()
+        self.proc = subprocess.Popen([sys.executable, "-m", "oracle_build", *args], cwd=REPO,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     start_new_session=True)
+        assert self.proc.stderr is not None
+        self._fd = self.proc.stderr.fileno()
+        os.set_blocking(self._fd, False)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
     def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            if self.freeze_on and not self.frozen.is_set() and self.freeze_on in line:
-                with suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGSTOP)
-                self.frozen.set()
-            self.lines.append(line)
+        while True:
+            select.select([self._fd], [], [], 0.05)
+            with self._lock:
+                self._drain()
+                if self._eof:
+                    return
+
+    def _drain(self) -> None:
+        """Take every byte the pipe holds now (the caller holds the lock)."""
+        while not self._eof:
+            try:
+                chunk = os.read(self._fd, 65536)
+            except BlockingIOError:
+                return
+            if not chunk:
+                self._eof = True
+                chunk = b"\n" if self._partial else b""
+            *whole, self._partial = (self._partial + chunk).split(b"\n")
+            for raw in whole:
+                line = raw.decode(errors="replace") + "\n"
+                if self.freeze_on and not self.frozen.is_set() and self.freeze_on in line:
+                    with suppress(ProcessLookupError):
+                        os.killpg(self.proc.pid, signal.SIGSTOP)
+                    self.frozen.set()
+                self.lines.append(line)
+
+    def wait_stopped(self, timeout: float = 10.0) -> None:
+        """Wait until the kernel has stopped the run's process (a write under way when
+        SIGSTOP came ends first), or it has ended. Uninterruptible sleep (D) counts: the
+        process stops on leaving it, before it writes again (seen: a parent in vfork
+        waiting for its child, itself stopped before its exec)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+            except OSError:
+                return
+            if stat[stat.rindex(")") + 2] in "TtZXD":
+                return
+            time.sleep(0.005)
+        raise AssertionError(f"run {self.proc.pid} not stopped within {timeout}s: {stat}")
+
+    def settled(self, phases: dict[str, str]) -> str | None:
+        """The phase of a frozen run: every byte it wrote before the freeze is read first."""
+        with self._lock:
+            self._drain()
+            return self.phase(phases)
 
     def wait_for(self, marker: str, timeout: float = 900) -> None:
         deadline = time.monotonic() + timeout
@@ -109,8 +161,8 @@ class Watched:
             time.sleep(delay)
             with suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGSTOP)
-        time.sleep(0.3)  # the reader drains what was written before the stop
-        landed = self.proc.poll() is None and self.phase(phases) == phase
+        self.wait_stopped()
+        landed = self.proc.poll() is None and self.settled(phases) == phase
         with suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
             os.killpg(self.proc.pid, signal.SIGCONT)

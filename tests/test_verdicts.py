@@ -340,6 +340,30 @@ def test_unforeseen_error_is_70_with_a_log(tmp_path: Path, capsys: pytest.Captur
     assert "Traceback" in log.read_text() and "broken" in log.read_text()
 
 
+
+def test_an_interrupt_that_became_another_error_is_130(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen in CI's kill test: SIGINT landed inside shutil.rmtree's own cleanup (a
+    TemporaryDirectory leaving), whose second os.close raised EBADF over the
+    KeyboardInterrupt: exit 70, "a bug in oracle-build". An error raised while an interrupt
+    unwound is the interrupt: 130, no internal-error log."""
+    from oracle_build.commands import compare
+
+    def interrupted_cleanup(*_a: object, **_k: object) -> None:
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise OSError(9, "Bad file descriptor")
+
+    monkeypatch.setattr(compare, "compare", interrupted_cleanup)
+    monkeypatch.setenv("ORACLE_BUILD_HOME", str(tmp_path / "home"))
+    code, _o, err = run(capsys, "compare", str(GOLDEN), str(candidate(tmp_path, own_prompts())))
+    assert code == 130, err
+    assert "interrupted" in err and "internal error" not in err
+    assert not (tmp_path / "home" / "logs").exists() or \
+        not list((tmp_path / "home" / "logs").glob("internal-error-*.log"))
+
 @pytest.mark.parametrize(("token", "why"), [("87", "string"), (87.0, "float"), (True, "bool")])
 def test_token_ids_must_be_integers(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                     token: Any, why: str) -> None:
