@@ -27,6 +27,7 @@ floor and cold).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -53,6 +54,32 @@ def built(pin: Path, home: Path) -> Compiled:
     """The compiled files of the oracle a build left in ``home``."""
     p = load_pin(pin)
     return compiled_files(layout.oracle_path(home, p.key), p.model.vllm.distribution)
+
+
+def scratch_wheelhouse(source: Path | None, dest: Path) -> Path | None:
+    """A leg's own wheelhouse: ``source``'s downloads and source archives hard-linked in, and
+    no wheel a build made (the plan then compiles; a wheelhouse holding the pin's built wheel
+    plans no wheel step at all, and the next leg would reuse the last one's)."""
+    if source is None:
+        return None
+    for folder in sorted(p for p in source.iterdir() if p.is_dir()) if source.is_dir() else []:
+        manifest = folder / "manifest.json"
+        data = json.loads(manifest.read_text()) if manifest.is_file() else None
+        built = {name for name, info in ((data or {}).get("wheels") or {}).items()
+                 if isinstance(info, dict) and info.get("origin") == "built"}
+        for item in folder.rglob("*"):
+            rel = item.relative_to(folder)
+            if not item.is_file() or rel.parts[0] in ("rejected",) or str(rel) in built \
+                    or rel.name == "manifest.json":
+                continue
+            target = dest / folder.name / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(item, target)
+        if data is not None:
+            data["wheels"] = {k: v for k, v in data["wheels"].items() if k not in built}
+            (dest / folder.name).mkdir(parents=True, exist_ok=True)
+            (dest / folder.name / "manifest.json").write_text(json.dumps(data, indent=2))
+    return dest
 
 
 def timed_build(pin: Path, home: Path, cache: Path, externals: Path | None,
@@ -157,16 +184,19 @@ def main(argv: list[str] | None = None) -> int:
             sdist = make_sdist(root / "sdist")
             pin, externals, wheelhouse = write_sdist_pin(sdist), sdist.externals, None
         for n in range(args.rounds):
-            seconds, floor_bytes = floor(pin, root / f"floor-{n}", externals, wheelhouse)
+            seconds, floor_bytes = floor(pin, root / f"floor-{n}", externals,
+                                         scratch_wheelhouse(wheelhouse, root / f"wh-floor-{n}"))
             times["floor"].append(seconds)
             cache = kept if kept is not None and n == 0 else root / f"ccache-{n}"
             cold, warm = root / f"cold-{n}", root / "elsewhere" / "at-a-longer-path" / f"warm-{n}"
-            times["cold"].append(timed_build(pin, cold, cache, externals, wheelhouse))
-            times["warm"].append(timed_build(pin, warm, cache, externals, wheelhouse))
+            times["cold"].append(timed_build(pin, cold, cache, externals, scratch_wheelhouse(
+                wheelhouse, root / f"wh-cold-{n}")))
+            times["warm"].append(timed_build(pin, warm, cache, externals, scratch_wheelhouse(
+                wheelhouse, root / f"wh-warm-{n}")))
             bytes_lines.append(f"  round {n + 1}, compiled files (sha256):")
             bytes_lines += compare({"cold": built(pin, cold), "warm": built(pin, warm),
                                     "floor": floor_bytes})
-            for home in (root / f"floor-{n}", cold, warm):
+            for home in (root / f"floor-{n}", cold, warm, *root.glob(f"wh-*-{n}")):
                 shutil.rmtree(home, ignore_errors=True)
             if cache != kept:
                 shutil.rmtree(cache, ignore_errors=True)
