@@ -1053,6 +1053,99 @@ def test_build_with_a_cache_builds_past_every_malformed_answer(
         assert "internal error" not in err
 
 
+
+class Endless(http.server.BaseHTTPRequestHandler):
+    """Answers that never end, or never begin: a 500 whose chunked body goes on for ever,
+    a 401 with such a body, a manifest past 8 MiB that goes on for ever, a 500 whose body
+    drips, and a status line sent a byte at a time (issue 45 item 6)."""
+
+    mode = "error500"
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        mode = type(self).mode
+        try:
+            if self.path.rstrip("/") == "/v2":
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+                return
+            if mode == "headers":
+                for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}":
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(0.3)
+                return
+            status = {"error500": 500, "drip500": 500, "auth401": 401}.get(mode, 200)
+            self.send_response(status)
+            self.send_header("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+            if mode == "drip500":
+                self.send_header("Content-Length", "100000")
+                self.end_headers()
+                while True:
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            chunk = b'{"schemaVersion": 2, "padding": "' + b"y" * 65536
+            while True:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        except OSError:
+            pass  # the client hung up: what it should do
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+ENDLESS = ["error500", "auth401", "manifest", "drip500", "headers"]
+
+
+@pytest.mark.parametrize("mode", ENDLESS)
+def test_an_endless_registry_answer_is_cut_and_the_build_goes_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        mode: str) -> None:
+    """Each of these held `pull` until it was killed (90 to 150 s), and `build --cache`
+    with it, printing nothing: the registry client read a body it only meant to drop to
+    its end, and a status line dripping a byte at a time met no deadline (the timeout is
+    per read). A dropped body is read to DRAIN_BYTES within DRAIN_DEADLINE, the status
+    line and headers arrive within HEADERS_DEADLINE: pull ends with a registry failure
+    (15; 16 for the 401), within the deadlines (shortened here to a second), and `build
+    --cache` says why and builds without the cache."""
+    from oracle_build.cache import pull_or_say
+    from oracle_build.cache import registry as regmodule
+    from oracle_build.cache import transport as transportmodule
+
+    monkeypatch.setattr(regmodule, "RETRIES", 1)
+    monkeypatch.setattr(regmodule, "DRAIN_DEADLINE", 1.0)
+    monkeypatch.setattr(regmodule, "DOCUMENT_DEADLINE", 1.0)
+    monkeypatch.setattr(transportmodule, "HEADERS_DEADLINE", 1.0)
+    handler = type("Handler", (Endless,), {"mode": mode})
+    start = time.monotonic()
+    code = _pull_from(handler, tmp_path / "home")
+    took = time.monotonic() - start
+    err = capsys.readouterr().err
+    assert code == (EXIT_REGISTRY_AUTH if mode == "auth401" else EXIT_REGISTRY), err[-2000:]
+    assert took < 15, (took, err[-2000:])
+    assert "internal error" not in err
+    if mode == "headers":
+        assert "no whole answer (status line and headers) within 1 s" in err, err[-2000:]
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.handle_error = lambda *a: None  # type: ignore[method-assign]
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        opts = CacheOptions(ref=parse(f"oci+http://127.0.0.1:{httpd.server_address[1]}/a/b"))
+        start = time.monotonic()
+        pull_or_say(opts, load_pin(CPU_PIN), "cpu", tmp_path / "wh")
+        assert time.monotonic() - start < 15
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    err = capsys.readouterr().err
+    assert "cache: building without it" in err, err[-2000:]
+
 def _tiny_wheel(path: Path, name: str, version: str, tag: str) -> Path:
     import zipfile
 

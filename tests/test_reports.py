@@ -111,3 +111,36 @@ def test_junit_xml_holds_any_value_a_golden_gave(junit_xsd: Path) -> None:
     (err,) = root.findall("testsuite[@name='other-oracle']/testcase/error")[:1]
     assert "zz\\x01" in (err.text or "") and "\x01" not in data.decode()
     assert not verdicts.forged(data.decode())
+
+
+def test_summary_markdown_renders_outside_values_as_text_on_github() -> None:
+    """Issue 45 item 3: a golden named ``www.evil.example`` became a link in GitHub's
+    rendering of the job summary (its autolink extension needs no brackets), and so would a
+    reason holding https://... or an address. The summary is rendered here by cmark-gfm,
+    the renderer GitHub uses (the cmarkgfm package), with its extensions: the only elements
+    are the summary's own (headings, paragraphs, lists, code, the table), no link, image or
+    HTML comes from a value, and each value reads as given."""
+    import re
+
+    import cmarkgfm
+
+    hostile = ["www.evil.example", "see https://evil.example/x", "mail ops@evil.example",
+               "[x](https://evil.example)", "![i](https://evil.example/i.png)",
+               "<img src=x onerror=alert(1)>", "*bold* _em_ ~~gone~~ `code`", "a | b",
+               "&#46; &amp; literal", "ftp://evil.example", "xmpp:me@evil.example"]
+    base = every_kind()
+    goldens = [GoldenVerdict.model_validate({**g.model_dump(), "name": value, "why": value,
+                                             "tokens": [row(value), row(value, equal=False)]})
+               for g, value in zip(base.goldens * 2, hostile, strict=False)]
+    html = cmarkgfm.github_flavored_markdown_to_html(
+        report.summary_md(base.model_copy(update={"goldens": goldens})))
+    tags = set(re.findall(r"<([a-z0-9]+)", html))
+    assert tags <= {"h2", "h3", "p", "strong", "ul", "li", "code", "table", "thead", "tbody",
+                    "tr", "th", "td", "blockquote"}, tags
+    assert "<a " not in html and "<img" not in html and "<!--" not in html
+    text = re.sub(r"<[^>]+>", "", html).replace("\u200b", "")
+    import html as htmlmod
+
+    shown = htmlmod.unescape(text)
+    for value in hostile:
+        assert value in shown, value

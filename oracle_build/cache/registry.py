@@ -64,6 +64,10 @@ DOCUMENT_DEADLINE = 60.0
 BLOB_MIN_RATE = 32 * 1024
 BLOB_WINDOW = 60.0
 RETRY_STATUS = {429, 500, 502, 503, 504}
+# A body read only to be dropped (an error's, a redirect's, a 401's) is read this far and
+# for this long at most; past either the connection is closed, never reused
+DRAIN_BYTES = 64 * 1024
+DRAIN_DEADLINE = 10.0
 BROKEN = (ConnectionError, http.client.HTTPException, socket.timeout, TimeoutError, OSError,
           urllib3.exceptions.HTTPError)
 
@@ -170,6 +174,12 @@ def read_document(body: Any, what: str, *, clock: Callable[[], float] = time.mon
     if len(data) <= MAX_DOCUMENT_BYTES:
         body.read()  # at its end: read() closes the response (read1 never does)
     return data
+
+
+def stalled(what: str, seconds: float) -> RegistryError:
+    return RegistryError(f"{what}: no whole answer (status line and headers) within "
+                         f"{seconds:.0f} s: the registry is too slow or stalling",
+                         hint="is the registry (or a proxy before it) healthy?")
 
 
 def _b64(text: str) -> str:
@@ -341,12 +351,17 @@ class Registry:
     def _send(self, method: str, path: str, headers: dict[str, str],
               body: bytes | IO[bytes] | None) -> Response:
         pool = self._connection()
+        deadline: transport.Deadline | None = None
         try:
-            raw = pool.urlopen(method, path, body=body, headers=headers, retries=False,
-                               redirect=False, preload_content=False, decode_content=False,
-                               assert_same_host=False, release_conn=True)
+            with transport.within(pool, transport.HEADERS_DEADLINE) as deadline:
+                raw = pool.urlopen(method, path, body=body, headers=headers, retries=False,
+                                   redirect=False, preload_content=False,
+                                   decode_content=False, assert_same_host=False,
+                                   release_conn=True)
         except BaseException:
             self.close()
+            if deadline is not None and deadline.expired:
+                raise stalled(f"{self.ref}: {method} {path}", deadline.seconds) from None
             raise
         return Response(raw.status, {k.lower(): v for k, v in raw.headers.items()}, raw)
 
@@ -412,18 +427,40 @@ class Registry:
                                 + (f" (after {attempt} attempts)" if attempt > 1 else ""),
                                 status=resp.status, codes=error_codes(text))
 
-    @staticmethod
-    def drain(resp: Response, keep: int = 0) -> str:
-        """Read and close the body; return up to ``keep`` bytes of it as text."""
+    def drain(self, resp: Response, keep: int = 0) -> str:
+        """Read and close a body no one needs whole (an error's, a redirect's, a 401's);
+        return up to ``keep`` bytes of it as text. At most DRAIN_BYTES within
+        DRAIN_DEADLINE: an endless or dripping body is cut there and its connection closed
+        (never reused), so that it holds nothing up."""
         if resp.body is None:
             return ""
         kept = b""
+        seen = 0
+        whole = False
+        read = getattr(resp.body, "read1", None) or resp.body.read
+        pool = self._pool
         try:
-            while chunk := resp.body.read(CHUNK):
-                if len(kept) < keep:
-                    kept += chunk[: keep - len(kept)]
+            with contextlib.ExitStack() as stack:
+                if pool is not None:
+                    stack.enter_context(transport.within(pool, DRAIN_DEADLINE))
+                start = time.monotonic()
+                while seen <= DRAIN_BYTES and time.monotonic() - start <= DRAIN_DEADLINE:
+                    chunk = read(min(CHUNK, DRAIN_BYTES + 1 - seen))
+                    if not chunk:
+                        whole = True
+                        break
+                    seen += len(chunk)
+                    if len(kept) < keep:
+                        kept += chunk[: keep - len(kept)]
         except BROKEN:
             pass
+        if whole:
+            with contextlib.suppress(*BROKEN):
+                resp.body.read()  # at its end: read() releases the connection
+        else:
+            with contextlib.suppress(*BROKEN):
+                resp.body.close()
+            self.close()
         resp.body = None
         return kept.decode(errors="replace")
 
@@ -681,13 +718,17 @@ class Registry:
         while True:
             attempt += 1
             conn, proxy = transport.open_pool(scheme, host, port, timeout=TIMEOUT)
+            deadline: transport.Deadline | None = None
             try:
-                raw = conn.urlopen("GET", path, headers=headers, retries=False,
-                                   redirect=False, preload_content=False,
-                                   decode_content=False, assert_same_host=False,
-                                   release_conn=True)
+                with transport.within(conn, transport.HEADERS_DEADLINE) as deadline:
+                    raw = conn.urlopen("GET", path, headers=headers, retries=False,
+                                       redirect=False, preload_content=False,
+                                       decode_content=False, assert_same_host=False,
+                                       release_conn=True)
             except BROKEN as exc:
                 conn.close()
+                if deadline is not None and deadline.expired:
+                    raise stalled(where, deadline.seconds) from None
                 if transport.tls_failure(exc):
                     raise RegistryError(f"{where}: {transport.tls_message(exc, host)}",
                                         hint=transport.TLS_HINT) from None

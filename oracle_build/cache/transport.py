@@ -22,13 +22,17 @@ never to retry or follow on its own.
 from __future__ import annotations
 
 import base64
+import contextlib
 import email.utils
 import os
 import random
+import socket
 import ssl
+import threading
 import time
 import urllib.parse
-from collections.abc import Mapping
+import weakref
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +42,9 @@ import urllib3.connection
 TIMEOUT = 60.0  # per read: a registry that sends nothing for this long is gone
 CHUNK = 1 << 20  # bodies stream in chunks of this size, both ways
 MAX_RETRY_AFTER = 30.0  # a registry asking for longer is waited for this long, then asked
+# A registry's answer has its status line and headers within this, however it drips them
+# (the read timeout is per read: a byte every few seconds would never meet it)
+HEADERS_DEADLINE = 60.0
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,63 @@ class _TunnelPool(urllib3.HTTPConnectionPool):
             "target": (host, port), "proxy_auth": proxy.authorization})
 
 
+class Deadline:
+    """A watchdog over one pool's connections: past ``seconds`` it shuts their sockets, so a
+    read blocked on a registry that drips (or sends nothing) returns at once, broken;
+    ``expired`` then says why. Ended (``end``) before it fires, it does nothing: the answer
+    the caller goes on reading is untouched."""
+
+    def __init__(self, pool: urllib3.HTTPConnectionPool, seconds: float) -> None:
+        self.pool = pool
+        self.seconds = seconds
+        self.expired = False
+        self._lock = threading.Lock()
+        self._ended = False
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._ended:
+                return
+            self.expired = True
+        for conn in list(getattr(self.pool, "live_connections", ())):
+            sock = getattr(conn, "sock", None)
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def end(self) -> None:
+        with self._lock:
+            self._ended = True
+        self._timer.cancel()
+
+
+@contextlib.contextmanager
+def within(pool: urllib3.HTTPConnectionPool, seconds: float) -> Iterator[Deadline]:
+    deadline = Deadline(pool, seconds)
+    try:
+        yield deadline
+    finally:
+        deadline.end()
+
+
+def _tracked(pool: urllib3.HTTPConnectionPool) -> urllib3.HTTPConnectionPool:
+    """Every connection the pool makes is known to it (``live_connections``), for a
+    Deadline to cut."""
+    live: weakref.WeakSet[Any] = weakref.WeakSet()
+    base = pool.ConnectionCls
+
+    def init(self: Any, *a: Any, **kw: Any) -> None:
+        base.__init__(self, *a, **kw)  # type: ignore[misc]
+        live.add(self)
+
+    pool.ConnectionCls = type(f"Tracked{base.__name__}", (base,), {"__init__": init})
+    pool.live_connections = live  # type: ignore[attr-defined]
+    return pool
+
+
 def open_pool(scheme: str, host: str, port: int, *, timeout: float = TIMEOUT,
               blocksize: int = CHUNK) -> tuple[urllib3.HTTPConnectionPool, Proxy | None]:
     """A connection pool to ``host:port`` (urllib3), through the environment's proxy for
@@ -147,14 +211,14 @@ def open_pool(scheme: str, host: str, port: int, *, timeout: float = TIMEOUT,
         kw["ssl_context"] = tls_context()
     if proxy is None:
         cls = urllib3.HTTPSConnectionPool if scheme == "https" else urllib3.HTTPConnectionPool
-        return cls(host, port, **kw), None
+        return _tracked(cls(host, port, **kw)), None
     if scheme == "http":
-        return _TunnelPool(proxy, host, port, **kw), proxy
+        return _tracked(_TunnelPool(proxy, host, port, **kw)), proxy
     manager = urllib3.ProxyManager(
         f"http://{proxy.host}:{proxy.port}", proxy_headers={
             "Proxy-Authorization": proxy.authorization} if proxy.authorization else None,
         **kw)
-    return manager.connection_from_host(host, port, scheme="https"), proxy
+    return _tracked(manager.connection_from_host(host, port, scheme="https")), proxy
 
 
 def _tls_cause(exc: BaseException | None) -> BaseException | None:

@@ -145,6 +145,48 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
+# what this package writes beside a file before it is whole: ".<name>.<pid>.<random>.tmp"
+# (atomic writes), ".<name>.<pid>.<random>.check" (a writability probe)
+TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?P<pid>\d+)\.[a-z0-9_]{8}\.(tmp|check)")
+
+
+def temporary_prefix(path: Path) -> str:
+    return f".{path.name}.{os.getpid()}."
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # someone's: not ours to judge dead
+    return True
+
+
+def clear_stale_temporaries(folder: Path) -> list[str]:
+    """Remove the temporary files a process of this package that died (killed mid-write)
+    left in ``folder``: its own names only (TEMPORARY), of processes no longer alive, never a
+    folder. The names removed."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = TEMPORARY.fullmatch(entry.name)
+        if m is None or pid_alive(int(m.group("pid"))):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                continue
+            os.unlink(entry.path)
+        except OSError:
+            continue
+        removed.append(entry.name)
+    return removed
+
+
 def check_writable(path: Path, *, what: str) -> None:
     """Before any work: ``path`` can be written (its folder exists or can be made, a file can
     be created there; a temporary one, removed) and is not a folder. OutputFailed (exit 14)
@@ -154,7 +196,8 @@ def check_writable(path: Path, *, what: str) -> None:
         if path.is_dir():
             raise IsADirectoryError(21, "is a folder")
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".check")
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path),
+                                     suffix=".check")
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
@@ -265,7 +308,8 @@ def atomic_write_bytes(path: Path, data: bytes, *, overwrite: bool = True) -> No
     With ``overwrite=False`` an existing ``path`` is never replaced (link, not rename).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=temporary_prefix(path), suffix=".tmp",
+                                    dir=path.parent)
     tmp = Path(tmp_name)
     try:
         umask = os.umask(0)

@@ -16,7 +16,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +55,77 @@ def _env_diff(env: Mapping[str, str] | None) -> list[str]:
         if key.startswith(SHOWN_PREFIXES):
             shown.append(f"-{key}")
     return shown
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _libc_prctl() -> object | None:
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: the next build's sweep is what remains
+        return None
+
+
+_PRCTL = _libc_prctl()
+
+
+def _dies_with(parent: int) -> Callable[[], None] | None:
+    """In the child, before its exec: the kernel sends it SIGKILL when the process that
+    started it dies (PR_SET_PDEATHSIG; kept across exec), so a harness killed outright
+    (SIGKILL, the OOM killer, a CI runner's cancel) leaves no `uv` installing into a staging
+    folder nobody watches. Tied to the starting thread: only the main thread's children get
+    it (a worker thread's end would kill them)."""
+    if _PRCTL is None or threading.current_thread() is not threading.main_thread():
+        return None
+    prctl = _PRCTL
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # type: ignore[operator]
+        if os.getppid() != parent:  # it died before the line above: go now
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arm
+
+
+def leftovers(folder: Path) -> list[int]:
+    """Processes of this user still working in ``folder`` (their command line or working
+    directory under it), other than this process's own group: what a build that died left
+    running (a compiler, ninja, uv's bytecode workers)."""
+    mine = os.getpgrp()
+    needle = os.fspath(folder).encode()
+    found = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            if os.getpgid(pid) == mine or entry.stat().st_uid != os.getuid():
+                continue
+            cmdline = (entry / "cmdline").read_bytes()
+            try:
+                cwd = os.fsencode(os.readlink(entry / "cwd"))
+            except OSError:
+                cwd = b""
+        except (OSError, ProcessLookupError):
+            continue
+        if needle in cmdline or cwd == needle or cwd.startswith(needle + b"/"):
+            found.append(pid)
+    return found
+
+
+def end_leftovers(folder: Path) -> int:
+    """SIGKILL the process group of every process still working in ``folder``; how many
+    processes there were."""
+    pids = leftovers(folder)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return len(pids)
 
 
 class Live:
@@ -101,7 +172,9 @@ class Live:
                 stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 env=dict(env) if env is not None else None, cwd=cwd, text=True,
                 encoding="utf-8", errors="replace", bufsize=1,
-                start_new_session=self.stop_at is not None)
+                # its own process group, ended whole when this process stops waiting for
+                # it (finish), and with PDEATHSIG when this process dies outright
+                start_new_session=True, preexec_fn=_dies_with(os.getpid()))
         except FileNotFoundError as exc:
             if self._logf:
                 self._logf.close()
@@ -158,8 +231,8 @@ class Live:
             self.proc.wait(timeout=timeout)
             self._reader.join()
         except BaseException:
-            if self.stop_at is not None:  # its own session: nothing else ends its children
-                self._kill_group(signal.SIGKILL)
+            # its own session: a Ctrl-C reaches this process only, which ends the group
+            self._kill_group(signal.SIGKILL)
             self.proc.kill()
             self.proc.wait()
             raise

@@ -7,6 +7,8 @@ identity inside the process that will run the engine."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -68,12 +70,41 @@ class EngineHost:
             self.folder.cleanup()
 
 
+DRIVER_PREFIX = "oracle-driver-"
+
+
+def sweep_dead_hosts(root: Path | None = None) -> list[Path]:
+    """The folders of engine hosts whose harness died without cleaning up (killed outright:
+    SIGKILL, the OOM killer): each named for its harness's pid, removed once that process is
+    gone, with whatever still works in it (a host, vLLM's engine core) ended first."""
+    root = Path(tempfile.gettempdir()) if root is None else root
+    removed = []
+    for folder in sorted(root.glob(f"{DRIVER_PREFIX}*-*")):
+        head = folder.name[len(DRIVER_PREFIX):].split("-", 1)[0]
+        if not head.isdigit() or not folder.is_dir() or folder.is_symlink():
+            continue
+        try:
+            if folder.lstat().st_uid != os.getuid():
+                continue
+            os.kill(int(head), 0)
+            continue  # its harness is alive (or its pid was reused): not ours to judge
+        except ProcessLookupError:
+            pass
+        except (OSError, OverflowError):
+            continue
+        proc.end_leftovers(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
 def serve(venv: OracleVenv, probe_args: Sequence[str], *, env: Mapping[str, str] | None,
           log: Path) -> EngineHost:
     """Start ``venv``'s engine host (``driver.py --serve``): it probes its own identity first
     and then waits; ``EngineHost.facts`` returns what it found."""
     venv.require()
-    folder = tempfile.TemporaryDirectory(prefix="oracle-driver-")
+    sweep_dead_hosts()
+    folder = tempfile.TemporaryDirectory(prefix=f"{DRIVER_PREFIX}{os.getpid()}-")
     facts = Path(folder.name) / "facts.json"
     try:
         live = proc.Live([str(venv.python), *RUN_FLAGS, str(INSIDE / "driver.py"), "--serve",

@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,7 +15,7 @@ from pathlib import Path
 
 from oracle_build.contracts.pins import Pin
 from oracle_build.contracts.record import RECORD_SCHEMA
-from oracle_build.core import layout
+from oracle_build.core import layout, proc
 from oracle_build.core.errors import IdentityMismatch
 from oracle_build.core.filelock import held
 from oracle_build.core.files import json_value
@@ -34,6 +36,32 @@ def record_schema(oracle: OracleVenv) -> int:
     except (OSError, ValueError, AttributeError):
         return 0
     return value if isinstance(value, int) else 0
+
+
+def clear_dead_staging(home: Path, pin_key: str) -> list[Path]:
+    """What builds of this pin that did not finish left in <home>/staging (a killed or
+    failed build keeps its folder for inspection: 3.4 GB for an oracle). Called under the
+    pin's build lock, so none of them is running: processes of theirs still working there
+    (a `uv` whose harness was killed outright) are ended, each one's log is kept under
+    <home>/logs/, and the folder goes."""
+    pattern = re.compile(re.escape(pin_key) + r"\.\d{8}T\d{6}Z-\d+")
+    root = home / "staging"
+    cleared = []
+    for folder in sorted(root.iterdir()) if root.is_dir() else []:
+        if not pattern.fullmatch(folder.name) or folder.is_symlink() or not folder.is_dir():
+            continue
+        ended = proc.end_leftovers(folder)
+        log = folder / layout.BUILD_LOG
+        kept = layout.log_path(home, "build-unfinished", folder.name)
+        if log.is_file() and not log.is_symlink():
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(log), kept)
+        shutil.rmtree(folder, ignore_errors=True)
+        say(f"cleared what an unfinished build of {pin_key} left: {folder}"
+            + (f" ({ended} of its processes still running there, ended)" if ended else "")
+            + (f"; its log: {kept}" if kept.exists() else ""))
+        cleared.append(folder)
+    return cleared
 
 
 @dataclass
@@ -58,6 +86,7 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
     oracle = OracleVenv(layout.oracle_path(home, pin.key))
     target = pin.target(target_name)
     with held(layout.build_lock(home, pin.key), what=f"build_oracle {pin.key}", wait=wait):
+        clear_dead_staging(home, pin.key)
         if oracle.is_real_dir() and (not oracle.has_record() or (
                 record_schema(oracle) >= RECORD_SCHEMA
                 and not inventory.anchor_path(oracle.path).is_file())):
@@ -103,6 +132,7 @@ def build_until(pin: Pin, target_name: str, stop_after: str, *, home: Path,
     being looked at is this one."""
     start = time.monotonic()
     with held(layout.build_lock(home, pin.key), what=f"build_oracle {pin.key}", wait=wait):
+        clear_dead_staging(home, pin.key)
         p = plan(pin, target_name, home=home, wheelhouse_root=wheelhouse_root, mirror=mirror,
                  externals_dir=externals_dir, checkout=checkout,
                  compiler_cache=compiler_cache, stop_after=stop_after, reuse_built=False)

@@ -34,13 +34,23 @@ def text(value: Any) -> str:
 
 
 # what acts mid-line (a value never starts a line here: each follows our own words)
-MD_SPECIAL = re.compile(r"([\\`*_\[\]!<>|~])")
+MD_SPECIAL = re.compile(r"([\\`*_\[\]!<>|~&])")
+
+
+# what GitHub's Markdown turns into a link with no bracket at all (its autolink extension:
+# www.host, scheme://host, user@host): broken by a character reference for the dot and the
+# colon (it renders as the character but is not one to the extension), and by a zero-width
+# space after an at sign (the extension reads an address through references and escapes)
+AUTOLINKED = re.compile(r"(?i)(?<=www)\.|:(?=//)|@")
 
 
 def md(value: Any) -> str:
     """Text for Markdown that renders as the text: every character Markdown would act on
-    escaped (no heading, link, image, emphasis or HTML from a value), on one line."""
-    return MD_SPECIAL.sub(r"\\\1", text(value))
+    escaped (no heading, link, autolink, image, emphasis or HTML from a value), on one
+    line."""
+    escaped = MD_SPECIAL.sub(r"\\\1", text(value))
+    return AUTOLINKED.sub(lambda m: "@\u200b" if m.group() == "@" else f"&#{ord(m.group())};",
+                          escaped)
 
 
 def code(value: Any) -> str:

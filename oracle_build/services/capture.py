@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +32,15 @@ from oracle_build.contracts.golden import (
 from oracle_build.contracts.pins import Pin, load_pin
 from oracle_build.contracts.spec import Spec, load_spec, spec_file
 from oracle_build.core import layout, verdicts
-from oracle_build.core.errors import BadInput, EngineFailed, OutputFailed, Refused
+from oracle_build.core.errors import BadInput, EngineFailed, OutputFailed, Refused, as_data
 from oracle_build.core.filelock import held
-from oracle_build.core.files import read_text, sha256_bytes, sha256_file
+from oracle_build.core.files import (
+    clear_stale_temporaries,
+    read_text,
+    sha256_bytes,
+    sha256_file,
+    temporary_prefix,
+)
 from oracle_build.core.log import say
 from oracle_build.engine.runs import by_engine, engine_args, run_from_spec
 from oracle_build.engine.session import EngineResult, EngineSession
@@ -187,12 +194,19 @@ def replaced_record(path: Path, reason: str) -> ReplacedRecord:
 
 
 def writable_or_refuse(folder: Path) -> None:
-    """Before any engine starts: the golden's folder can be created and written."""
+    """Before any engine starts: the golden's folder can be created and written (a probe
+    file, removed); what a capture killed mid-publish left there (its temporary files) is
+    cleared, said."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"x")
-        probe.unlink()
+        cleared = clear_stale_temporaries(folder)
+        if cleared:
+            say(f"    cleared what an unfinished capture left in {folder}: "
+                + ", ".join(as_data(n, 120) for n in cleared))
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=temporary_prefix(folder / "golden"),
+                                     suffix=".check")
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         raise OutputFailed(f"cannot write goldens to {folder}: {exc.strerror or exc}",
                            hint="check the folder's permissions, mount and free space; "
