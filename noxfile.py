@@ -287,8 +287,9 @@ def tests(session: nox.Session) -> None:
     them; `-- -n 0` runs in one process.
 
     First installs what the suite runs and Python cannot install: Debian's docker-registry,
-    apache2-utils (htpasswd), chromium, ccache and libnuma-dev, with apt-get where they are missing (as root or
-    through `sudo -n`); elsewhere it stops (exit 6) naming each and how to install it.
+    apache2-utils (htpasswd), chromium, ccache and libnuma-dev, with apt-get where they are
+    missing (as root or through `sudo -n`); elsewhere it stops (exit 6) naming each and how
+    to install it.
     """
     code = system_setup(session.log)
     if code:
