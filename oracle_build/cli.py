@@ -154,6 +154,7 @@ def _internal_error_log(args: argparse.Namespace, exc: BaseException) -> str:
     import traceback
 
     from oracle_build.cache.ref import redacted
+    from oracle_build.core.files import open_for_writing
     from oracle_build.core.layout import default_home, log_path
 
     argv = [redacted(a) if "://" in a else a for a in sys.argv]  # no password in a log
@@ -164,7 +165,8 @@ def _internal_error_log(args: argparse.Namespace, exc: BaseException) -> str:
             else default_home()
         path = log_path(home, "internal-error", str(getattr(args, "command", "cli")))
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        with open_for_writing(path, text=True) as fh:
+            fh.write(text)
         return str(path)
     except Exception:
         fd, name = tempfile.mkstemp(prefix="oracle-build-internal-error-", suffix=".log")

@@ -63,6 +63,7 @@ def test_a_child_dies_with_a_harness_killed_outright(tmp_path: Path) -> None:
     assert not gone(child, within=0.5)
     harness.kill()
     harness.wait()
+    harness.stdout.close()
     assert gone(child), f"sleep {child} outlived its harness"
 
 
@@ -91,6 +92,7 @@ def test_a_ctrl_c_ends_the_childs_whole_group(tmp_path: Path) -> None:
     grandchild = int(harness.stdout.readline())
     harness.send_signal(signal.SIGINT)
     assert harness.wait(timeout=30) == 130
+    harness.stdout.close()
     assert gone(grandchild), f"sleep {grandchild} (a grandchild) outlived the Ctrl-C"
 
 

@@ -899,6 +899,60 @@ def test_a_lock_is_a_regular_file_of_its_own(tmp_path: Path) -> None:
         assert plain.read_text() == str(os.getpid())
 
 
+
+def test_every_file_written_under_a_prepared_name_refuses_a_link(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 45 item 5: a file the tool writes under a name someone else could have prepared
+    (a command's log, the compile cache's journal, a download's .part, an internal-error
+    log) is opened through core.files.open_for_writing: a symlink there is refused and its
+    target left as it was; a FIFO is refused at once, not waited on. The writers that name
+    files of their own making (atomic writes, writability probes) use mkstemp (O_EXCL)."""
+    import errno
+    import inspect
+
+    from oracle_build import cli
+    from oracle_build.cache import pull
+    from oracle_build.core import proc
+    from oracle_build.core.errors import OutputFailed
+    from oracle_build.core.files import open_for_writing
+    from oracle_build.engine import caches
+    from oracle_build.engine.caches import CompileCache
+    from oracle_build.recipe import archive
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    link = tmp_path / "planted.log"
+    link.symlink_to(victim)
+    with pytest.raises(OSError) as refused:
+        open_for_writing(link, append=True, text=True)
+    assert refused.value.errno == errno.ELOOP
+    fifo = tmp_path / "fifo.log"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        open_for_writing(fifo)
+    plain = tmp_path / "plain.log"
+    plain.write_text("old\n")
+    with open_for_writing(plain, append=True, text=True) as fh:
+        fh.write("more\n")
+    assert plain.read_text() == "old\nmore\n"
+    with open_for_writing(plain) as fh:
+        fh.write(b"new\n")
+    assert plain.read_text() == "new\n"
+    # a command's log
+    with pytest.raises(OSError):
+        proc.run(["true"], log=link)
+    # the compile cache's journal, through its temporary name (pid-named: predictable)
+    monkeypatch.setenv("ORACLE_BUILD_COMPILE_CACHE", str(tmp_path / "cc"))
+    cache = CompileCache.of(tmp_path / "home", "cpu-0123456789ab")
+    cache.root.mkdir(parents=True, exist_ok=True)
+    cache.journal.with_name(cache.journal.name + f".{os.getpid()}.tmp").symlink_to(victim)
+    with pytest.raises(OutputFailed, match="journal"), cache.in_use("a test"):
+        pass
+    assert victim.read_text() == "precious\n"
+    # and the writers that take a name from outside go through it
+    for module in (cli, pull, archive, caches, proc):
+        assert "open_for_writing(" in inspect.getsource(module), module.__name__
+
 def test_json_text_from_outside_is_parsed_in_one_place() -> None:
     """Issue 45 item 7: JSON nested past the recursion limit (a registry's error body, token
     answer or tag list, a compile-cache journal) was a RecursionError, exit 70. Every JSON

@@ -40,6 +40,7 @@ from oracle_build.core.errors import (
     UntrustedSigner,
     as_data,
 )
+from oracle_build.core.files import open_for_writing
 from oracle_build.core.log import fmt_seconds, say
 from oracle_build.oracle import identity
 from oracle_build.recipe.wheelhouse import Wheelhouse
@@ -289,7 +290,7 @@ def pull(opts: CacheOptions, pin: Pin, target_name: str, *,
             part = wh.incoming / f"{title}.part"
             final = wh.incoming / title
             try:
-                with open(part, "wb") as fh:
+                with open_for_writing(part) as fh:
                     for chunk in reg.stream_blob(layer.digest, layer.size):
                         fh.write(chunk)
                     fh.flush()

@@ -7,6 +7,7 @@ same folder and ``os.replace``, so a reader never sees half a file.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -185,6 +186,34 @@ def clear_stale_temporaries(folder: Path) -> list[str]:
             continue
         removed.append(entry.name)
     return removed
+
+
+def open_for_writing(path: Path, *, append: bool = False, text: bool = False) -> Any:
+    """The one way this package opens a file it writes under a name someone else could have
+    prepared (a home's logs, a wheelhouse's downloads, a journal): never through a symlink
+    (O_NOFOLLOW: a link planted at the name would have the write land on its target), never
+    into a FIFO, a device or a socket (opened without blocking, then checked), then emptied
+    unless ``append``. OSError (ELOOP for a link, EINVAL for the rest) for the caller to
+    say, naming the file."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags | (os.O_APPEND if append else 0), 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO nobody reads, or a socket
+            raise OSError(errno.EINVAL, "not a regular file", str(path)) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        if not append:
+            os.ftruncate(fd, 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    if text:
+        return os.fdopen(fd, "a" if append else "w", encoding="utf-8", errors="replace")
+    return os.fdopen(fd, "ab" if append else "wb")
 
 
 def check_writable(path: Path, *, what: str) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from oracle_build.core.env import SHOWN_PREFIXES, build_env
 from oracle_build.core.errors import BuildFailed
+from oracle_build.core.files import open_for_writing
 from oracle_build.core.log import fmt_seconds, say
 
 TAIL_LINES = 40
@@ -156,7 +157,7 @@ class Live:
         self._logf = None
         if log is not None:
             log.parent.mkdir(parents=True, exist_ok=True)
-            self._logf = log.open("a", encoding="utf-8", errors="replace")
+            self._logf = open_for_writing(log, append=True, text=True)
             self._logf.write(f"\n$ {self.cmdline}\n")
             if cwd is not None:
                 self._logf.write(f"# cwd: {cwd}\n")

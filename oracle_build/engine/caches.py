@@ -30,7 +30,7 @@ from pathlib import Path
 from oracle_build.core import layout
 from oracle_build.core.errors import BadInput, OutputFailed, Refused, as_data
 from oracle_build.core.filelock import held
-from oracle_build.core.files import json_value, read_bytes
+from oracle_build.core.files import json_value, open_for_writing, read_bytes
 from oracle_build.core.log import say
 
 # read by inside/driver.py (it imports nothing from here): the folder the caches go under,
@@ -87,7 +87,8 @@ class CompileCache:
             try:
                 self.root.mkdir(parents=True, exist_ok=True)
                 tmp = self.journal.with_name(self.journal.name + f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(entry))
+                with open_for_writing(tmp, text=True) as fh:
+                    fh.write(json.dumps(entry))
                 os.replace(tmp, self.journal)
             except OSError as exc:
                 raise OutputFailed(f"cannot write the compile cache's journal "

@@ -20,7 +20,7 @@ from oracle_build.contracts.pins import ARCHIVE_SUFFIXES
 from oracle_build.core import env as envmod
 from oracle_build.core import proc
 from oracle_build.core.errors import BuildFailed, SourceError
-from oracle_build.core.files import sha256_file
+from oracle_build.core.files import open_for_writing, sha256_file
 from oracle_build.core.log import say
 from oracle_build.recipe.source import GIT_SAFE
 
@@ -108,7 +108,7 @@ def fetch(url: str, sha256: str, dest: Path, *, size: int | None = None) -> Fetc
         try:
             # the pin allows https, http and file URLs only (contracts/pins.py _archive_url)
             answer = urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT)  # noqa: S310
-            with answer, part.open("wb") as out:
+            with answer, open_for_writing(part) as out:
                 while chunk := answer.read(CHUNK):
                     got += len(chunk)
                     if size is not None and got > size:
