@@ -504,3 +504,41 @@ def test_credentials_from_a_docker_credential_helper(tmp_path: Path) -> None:
             reg.ping()  # anonymous, and this registry wants a user
     finally:
         server.stop()
+
+
+def test_a_credential_helper_is_held_to_its_own_exit_and_its_children_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 45 item 8: a helper that answered but left a child holding its output held the
+    pull until the helper timeout (exit 16 after 31 s), and a hung helper's child kept
+    running. Its answer is what it wrote by its exit, and everything it started ends with
+    it, answered or hung."""
+    import json
+    import time
+
+    from oracle_build.cache import registry as regmodule
+    from oracle_build.cache.registry import credentials_for
+    from oracle_build.core.errors import RegistryAuth
+
+    bin_dir, docker = tmp_path / "bin", tmp_path / "docker"
+    docker.mkdir()
+    pids = tmp_path / "pids"
+    helper_script(bin_dir, "lingering", f'cat >/dev/null\nsleep 300 & echo $! >> {pids}\n'
+                  'printf \'{"Username":"ci","Secret":"S3cretPW"}\'\n')
+    helper_script(bin_dir, "hung", f'sleep 300 & echo $! >> {pids}\nwait\n')
+    env = {"DOCKER_CONFIG": str(docker), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    ref = parse("oci+http://127.0.0.1:5999/team/oracles")
+    (docker / "config.json").write_text(json.dumps({"credsStore": "lingering"}))
+    start = time.monotonic()
+    creds = credentials_for(ref, env)
+    assert (creds.username, creds.password) == ("ci", "S3cretPW")
+    assert time.monotonic() - start < 10
+    monkeypatch.setattr(regmodule, "HELPER_TIMEOUT", 1.0)
+    (docker / "config.json").write_text(json.dumps({"credsStore": "hung"}))
+    with pytest.raises(RegistryAuth, match="did not run: TimeoutExpired"):
+        credentials_for(ref, env)
+    for pid in map(int, pids.read_text().split()):
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}").exists() and \
+                Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] not in "ZX":
+            assert time.monotonic() < deadline, f"the helper's child {pid} outlived it"
+            time.sleep(0.05)

@@ -32,6 +32,7 @@ import io
 import os
 import re
 import socket
+import subprocess
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -250,6 +251,40 @@ HELPER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 HELPER_TIMEOUT = 30.0
 
 
+def _run_helper(argv: list[str], server: str, env: dict[str, str]
+                ) -> subprocess.CompletedProcess[str]:
+    """A credential helper, in a process group of its own: its answer is what it wrote by
+    the time it exited (a child it left holding its output does not hold us until the
+    timeout), and whatever it started goes with it, answered or hung."""
+    import signal
+
+    helper = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env,
+                              start_new_session=True)
+
+    def end_group() -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(helper.pid, signal.SIGKILL)
+
+    try:
+        assert helper.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            helper.stdin.write(server)
+            helper.stdin.close()
+        helper.wait(timeout=HELPER_TIMEOUT)
+    except BaseException:
+        end_group()
+        helper.kill()
+        helper.wait()
+        raise
+    finally:
+        end_group()  # its children, if any: the pipes close, what it wrote is kept
+        assert helper.stdout is not None and helper.stderr is not None
+        with helper.stdout, helper.stderr:
+            out, err = helper.stdout.read(), helper.stderr.read()
+    return subprocess.CompletedProcess(argv, helper.returncode, out, err)
+
+
 def from_helper(name: str, server: str, config: Path, why: str,
                 env: dict[str, str]) -> Credentials | None:
     """The Docker credential helper protocol: ``docker-credential-NAME get``, the server on
@@ -257,7 +292,6 @@ def from_helper(name: str, server: str, config: Path, why: str,
     None when the helper holds nothing for this server (docker then goes on anonymously);
     a helper that is missing, fails, or answers otherwise is RegistryAuth, naming it."""
     import shutil
-    import subprocess
 
     if not HELPER_NAME.fullmatch(name):
         raise RegistryAuth(f"{config}: {why} names {name!r}, not a credential helper name")
@@ -268,8 +302,7 @@ def from_helper(name: str, server: str, config: Path, why: str,
                            "not on PATH", hint=f"install {program}, or remove {why} from "
                            f"{config} (or set ORACLE_BUILD_CACHE_USERNAME/_PASSWORD)")
     try:
-        done = subprocess.run([path, "get"], input=server, capture_output=True, text=True,
-                              timeout=HELPER_TIMEOUT, env={**os.environ, **env})
+        done = _run_helper([path, "get"], server, {**os.environ, **env})
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise RegistryAuth(f"{program} get (for {server}, from {why} in {config}) did not "
                            f"run: {type(exc).__name__}: {as_data(str(exc), 200)}") from None
