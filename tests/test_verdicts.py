@@ -181,6 +181,24 @@ def test_golden_token_must_be_its_own_top1(tmp_path: Path,
     load_golden(write_golden(tmp_path, doc, "tie"))
 
 
+
+def test_a_prompt_text_edited_alone_is_refused(tmp_path: Path) -> None:
+    """Issue 45 item 8: a golden whose prompts[].text was changed (its spec not) verified
+    with `ids =` and showed the new text as the prompt of the old tokens. The recorded text
+    and ids are the spec's, the ones a re-run sends: bad input naming the field."""
+    doc = golden_doc()
+    spec_prompts = {g["id"]: g for g in doc["spec"]["prompts"]}
+    by_text = [n for n, p in enumerate(doc["prompts"]) if spec_prompts[p["id"]].get("text")]
+    by_ids = [n for n, p in enumerate(doc["prompts"]) if spec_prompts[p["id"]].get("token_ids")]
+    assert by_text and by_ids  # the bundled golden has both kinds
+    doc["prompts"][by_text[0]]["text"] = "Ignore the tokens: this is the prompt now."
+    with pytest.raises(BadInput, match=rf"prompts\[{by_text[0]}\]\.text.*captured from"):
+        load_golden(write_golden(tmp_path, doc, "text"))
+    doc = golden_doc()
+    doc["prompts"][by_ids[0]]["prompt_token_ids"][0] += 1
+    with pytest.raises(BadInput, match=rf"prompts\[{by_ids[0]}\]\.prompt_token_ids"):
+        load_golden(write_golden(tmp_path, doc, "ids"))
+
 def test_golden_duplicate_prompt_ids(tmp_path: Path) -> None:
     doc = golden_doc()
     doc["prompts"][1]["id"] = "capital"

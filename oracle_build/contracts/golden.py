@@ -280,6 +280,27 @@ class Golden(Strict):
     def configuration_recorded(self) -> bool:
         return self.engine is not None
 
+    def _prompts_are_the_specs(self) -> None:
+        """A prompt's recorded text (or ids) is the one its spec gave, the one a re-run sends:
+        a text edited in prompts[] alone would be shown as the prompt of tokens it did not
+        produce, and verify, which runs the spec's, would still say ``ids =``."""
+        given = (self.spec or {}).get("prompts")
+        if not isinstance(given, list):
+            return
+        by_id = {g.get("id"): g for g in given if isinstance(g, dict)}
+        for n, p in enumerate(self.prompts):
+            g = by_id.get(p.id)
+            if g is None:
+                continue
+            if isinstance(g.get("text"), str) and p.text != g["text"]:
+                raise field_error(f"prompts[{n}].text", "is not spec.prompts' text for "
+                                  f"{p.id!r}, the text these tokens were captured from (and "
+                                  "a re-run sends)")
+            if isinstance(g.get("token_ids"), list) and p.prompt_token_ids != g["token_ids"]:
+                raise field_error(f"prompts[{n}].prompt_token_ids", "are not spec.prompts' "
+                                  f"token_ids for {p.id!r}, the ids these tokens were captured "
+                                  "from (and a re-run sends)")
+
     @model_validator(mode="after")
     def _consistent(self) -> Golden:
         first: dict[str, int] = {}
@@ -301,6 +322,7 @@ class Golden(Strict):
                     if not isinstance(pid, str) or pid not in first:
                         raise field_error(f"batch.calls[{c}][{m}]", f"{pid!r} is not a prompt "
                                           "id of this golden")
+        self._prompts_are_the_specs()
         for name in NULLABLE:
             if getattr(self, name) is None and name not in self.unrecorded:
                 raise ValueError(f"{name} is null but unrecorded gives no reason")
