@@ -162,6 +162,100 @@ def test_no_candidate_field_prints_a_verdict(tmp_path: Path,
         assert_unforged(text, allowed, f"candidate {path}")
 
 
+
+def string_slots(schema: dict[str, Any], doc: Any) -> list[tuple[Any, ...]]:
+    """Every place the file's JSON schema allows a string that the document ``doc`` leaves
+    absent or holds as another type (null, a number): the fields the bundled file does not
+    exercise. Found by walking the schema beside the document: each property whose schema
+    admits a string, and each array's first item."""
+    defs = schema.get("$defs", {})
+    found: list[tuple[Any, ...]] = []
+
+    def resolve(node: dict[str, Any]) -> dict[str, Any]:
+        while "$ref" in node:
+            node = defs[node["$ref"].rsplit("/", 1)[-1]]
+        return node
+
+    def branches(node: dict[str, Any]) -> list[dict[str, Any]]:
+        node = resolve(node)
+        out = [node]
+        for key in ("anyOf", "oneOf", "allOf"):
+            for sub in node.get(key, []):
+                out += branches(sub)
+        return out
+
+    def admits_string(node: dict[str, Any]) -> bool:
+        return any(b.get("type") == "string" or "string" in (b.get("type") or [])
+                   for b in branches(node))
+
+    def walk(node: dict[str, Any], value: Any, where: tuple[Any, ...]) -> None:
+        for b in branches(node):
+            if isinstance(value, dict):
+                for name, sub in b.get("properties", {}).items():
+                    there = value.get(name)
+                    if admits_string(sub) and not isinstance(there, str):
+                        found.append((*where, name))
+                    walk(sub, there, (*where, name))
+            if isinstance(value, list) and value and "items" in b and \
+                    isinstance(b["items"], dict):
+                walk(b["items"], value[0], (*where, 0))
+
+    walk(schema, doc, ())
+    return sorted(set(found), key=str)
+
+
+def filled(doc: Any, path: tuple[Any, ...]) -> Any:
+    out = json.loads(json.dumps(doc))
+    node = out
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = PAYLOAD
+    assert out != doc
+    return out
+
+
+def test_every_string_field_a_golden_may_hold_prints_no_verdict(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 45 item 3: the fields above are the bundled golden's strings; forged lines came
+    through fields it leaves null or absent (spec.model.path, an engine record's key). Here
+    the golden's schema is walked beside it and every field that admits a string but is not
+    one in the bundled golden is given the payload, through `compare` and `verify`; then the
+    same over the candidate's schema."""
+    from oracle_build.contracts.schemas import committed
+
+    doc = inline_golden_doc(GOLDEN)
+    cand = diverging_candidate(tmp_path / "cand.json")
+    code, text = run(capsys, "compare", str(GOLDEN), str(cand))
+    allowed = own_lines(text)
+    from oracle_build.contracts.spec import Spec
+
+    # the golden's own fields, and those of the spec it records (a free-form object in the
+    # golden's schema, whose model is the spec's)
+    slots = string_slots(committed("golden.schema.json"), doc) + [
+        ("spec", *path) for path in string_slots(Spec.model_json_schema(), doc["spec"])]
+    assert ("spec", "model", "path") in slots and len(slots) >= 8, slots
+    for n, path in enumerate(slots):
+        folder = tmp_path / f"s{n}"
+        folder.mkdir()
+        golden = folder / "golden.json"
+        golden.write_text(json.dumps(filled(doc, path)))
+        what = f"golden {'.'.join(map(str, path))} (absent or null in the bundled golden)"
+        code, text = run(capsys, "compare", str(golden), str(cand))
+        assert code in (1, 2), (what, code, text[-1500:])
+        assert_unforged(text, allowed, what)
+        code, text = run(capsys, "verify", str(golden), "--home", str(tmp_path / "no-home"),
+                         "--summary-md", str(folder / "summary.md"))
+        assert code in (2, 7), (what, code, text[-1500:])
+        assert_unforged(text, set(), what)
+    cdoc = json.loads(cand.read_text())
+    cslots = string_slots(committed("candidate.schema.json"), cdoc)
+    for n, path in enumerate(cslots):
+        mutant = tmp_path / f"c{n}.json"
+        mutant.write_text(json.dumps(filled(cdoc, path)))
+        code, text = run(capsys, "compare", str(GOLDEN), str(mutant))
+        assert code in (1, 2), (path, code, text[-1500:])
+        assert_unforged(text, allowed, f"candidate {path}")
+
 # ------------------------------------------------------------------------- pin and spec
 
 
