@@ -385,8 +385,14 @@ class Registry:
               body: bytes | IO[bytes] | None) -> Response:
         pool = self._connection()
         deadline: transport.Deadline | None = None
+        # the answer's status line and headers within the deadline; an upload's body is sent
+        # inside urlopen too, as fast as the link allows, so a stream is not held to it
+        small = body is None or (isinstance(body, bytes) and len(body) <= MAX_DOCUMENT_BYTES)
+        guard: contextlib.AbstractContextManager[transport.Deadline | None] = \
+            transport.within(pool, transport.HEADERS_DEADLINE) if small else \
+            contextlib.nullcontext(None)
         try:
-            with transport.within(pool, transport.HEADERS_DEADLINE) as deadline:
+            with guard as deadline:
                 raw = pool.urlopen(method, path, body=body, headers=headers, retries=False,
                                    redirect=False, preload_content=False,
                                    decode_content=False, assert_same_host=False,
