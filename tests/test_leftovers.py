@@ -108,19 +108,26 @@ def test_the_next_build_clears_what_an_unfinished_one_left(tmp_path: Path,
     for folder in (dead, other):
         (folder / "venv").mkdir(parents=True)
         (folder / layout.BUILD_LOG).write_text("# the dead build's log\n")
+    # a folder whose name only starts with the dead one's, and a process working there
+    sibling = dead.with_name(dead.name + "1x")
+    (sibling / "venv").mkdir(parents=True)
+    bystander = subprocess.Popen(["sh", "-c", "sleep 300", str(sibling / "venv")],
+                                 cwd=sibling, start_new_session=True)
     worker = subprocess.Popen(["sleep", "300"], cwd=dead / "venv", start_new_session=True)
     try:
         cleared = clear_dead_staging(home, "cpu-0123456789ab")
         assert cleared == [dead] and not dead.exists() and other.exists()
         assert worker.wait(timeout=10) == -signal.SIGKILL
+        assert bystander.poll() is None and sibling.exists()
         (log,) = (home / "logs").glob("build-unfinished-cpu-0123456789ab.*.log")
         assert log.read_text() == "# the dead build's log\n"
         err = capsys.readouterr().err
         assert "cleared what an unfinished build of cpu-0123456789ab left" in err
         assert "1 of its processes still running there, ended" in err and str(log) in err
     finally:
-        worker.kill()
-        worker.wait()
+        for process in (worker, bystander):
+            process.kill()
+            process.wait()
 
 
 def test_a_dead_harness_engine_folder_is_swept(tmp_path: Path) -> None:

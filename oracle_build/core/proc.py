@@ -96,7 +96,9 @@ def leftovers(folder: Path) -> list[int]:
     directory under it), other than this process's own group: what a build that died left
     running (a compiler, ninja, uv's bytecode workers)."""
     mine = os.getpgrp()
-    needle = os.fspath(folder).encode()
+    needle = os.fsencode(os.fspath(folder))
+    # the folder itself or a path under it, not a longer name it is the start of
+    named = re.compile(re.escape(needle) + rb"(?=/|\x00|$)")
     found = []
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
         if not entry.name.isdigit():
@@ -112,7 +114,7 @@ def leftovers(folder: Path) -> list[int]:
                 cwd = b""
         except (OSError, ProcessLookupError):
             continue
-        if needle in cmdline or cwd == needle or cwd.startswith(needle + b"/"):
+        if named.search(cmdline) or cwd == needle or cwd.startswith(needle + b"/"):
             found.append(pid)
     return found
 
