@@ -1056,8 +1056,9 @@ def test_build_with_a_cache_builds_past_every_malformed_answer(
 
 class Endless(http.server.BaseHTTPRequestHandler):
     """Answers that never end, or never begin: a 500 whose chunked body goes on for ever,
-    a 401 with such a body, a manifest past 8 MiB that goes on for ever, a 500 whose body
-    drips, and a status line sent a byte at a time (issue 45 item 6)."""
+    a 401 with such a body, a manifest past 8 MiB that goes on for ever, a 200 manifest
+    whose body drips, a 500 whose body drips, and a status line sent a byte at a time
+    (issue 45 item 6)."""
 
     mode = "error500"
     protocol_version = "HTTP/1.1"
@@ -1080,7 +1081,7 @@ class Endless(http.server.BaseHTTPRequestHandler):
             status = {"error500": 500, "drip500": 500, "auth401": 401}.get(mode, 200)
             self.send_response(status)
             self.send_header("Content-Type", "application/vnd.oci.image.manifest.v1+json")
-            if mode == "drip500":
+            if mode in ("drip500", "dripmanifest"):
                 self.send_header("Content-Length", "100000")
                 self.end_headers()
                 while True:
@@ -1099,7 +1100,12 @@ class Endless(http.server.BaseHTTPRequestHandler):
         pass
 
 
-ENDLESS = ["error500", "auth401", "manifest", "drip500", "headers"]
+ENDLESS = ["error500", "auth401", "manifest", "dripmanifest", "drip500", "headers"]
+
+# What each answer must end in: the size limit refuses the endless manifest (read at full
+# speed, its 8 MiB arrive well within the document deadline, held at 30 s for it); the
+# deadline cuts the dripping one; the 401 is the registry refusing our credentials.
+ENDLESS_EXIT = {"auth401": EXIT_REGISTRY_AUTH, "manifest": EXIT_CACHE_REFUSED}
 
 
 @pytest.mark.parametrize("mode", ENDLESS)
@@ -1110,24 +1116,31 @@ def test_an_endless_registry_answer_is_cut_and_the_build_goes_on(
     with it, printing nothing: the registry client read a body it only meant to drop to
     its end, and a status line dripping a byte at a time met no deadline (the timeout is
     per read). A dropped body is read to DRAIN_BYTES within DRAIN_DEADLINE, the status
-    line and headers arrive within HEADERS_DEADLINE: pull ends with a registry failure
-    (15; 16 for the 401), within the deadlines (shortened here to a second), and `build
-    --cache` says why and builds without the cache."""
+    line and headers arrive within HEADERS_DEADLINE, a document within DOCUMENT_DEADLINE
+    and no larger than MAX_DOCUMENT_BYTES: pull ends with a registry failure (15; 16 for
+    the 401; 18 for the manifest refused by its size, which is what the full-speed endless
+    one meets first on any machine once its deadline is not the shorter), within the
+    deadlines (shortened here to a second), and `build --cache` says why and builds
+    without the cache."""
     from oracle_build.cache import pull_or_say
     from oracle_build.cache import registry as regmodule
     from oracle_build.cache import transport as transportmodule
 
     monkeypatch.setattr(regmodule, "RETRIES", 1)
     monkeypatch.setattr(regmodule, "DRAIN_DEADLINE", 1.0)
-    monkeypatch.setattr(regmodule, "DOCUMENT_DEADLINE", 1.0)
+    monkeypatch.setattr(regmodule, "DOCUMENT_DEADLINE", 30.0 if mode == "manifest" else 1.0)
     monkeypatch.setattr(transportmodule, "HEADERS_DEADLINE", 1.0)
     handler = type("Handler", (Endless,), {"mode": mode})
     start = time.monotonic()
     code = _pull_from(handler, tmp_path / "home")
     took = time.monotonic() - start
     err = capsys.readouterr().err
-    assert code == (EXIT_REGISTRY_AUTH if mode == "auth401" else EXIT_REGISTRY), err[-2000:]
+    assert code == ENDLESS_EXIT.get(mode, EXIT_REGISTRY), err[-2000:]
     assert took < 15, (took, err[-2000:])
+    if mode == "manifest":
+        assert "is larger than 8388608 bytes" in err, err[-2000:]
+    if mode == "dripmanifest":
+        assert "the document is not whole after 1 s" in err, err[-2000:]
     assert "internal error" not in err
     if mode == "headers":
         assert "no whole answer (status line and headers) within 1 s" in err, err[-2000:]
@@ -1144,7 +1157,10 @@ def test_an_endless_registry_answer_is_cut_and_the_build_goes_on(
         httpd.shutdown()
         httpd.server_close()
     err = capsys.readouterr().err
-    assert "cache: building without it" in err, err[-2000:]
+    said = ("cache: nothing of it was kept; building from the pin instead" if mode == "manifest"
+            else "cache: building without it")
+    assert said in err, err[-2000:]
+
 
 def _tiny_wheel(path: Path, name: str, version: str, tag: str) -> Path:
     import zipfile

@@ -160,7 +160,7 @@ def read_document(body: Any, what: str, *, clock: Callable[[], float] = time.mon
     (RegistryError, said, when the registry is slower than that)."""
     limit = deadline if deadline is not None else DOCUMENT_DEADLINE
     start = clock()
-    data = b""
+    data = bytearray()
     read = getattr(body, "read1", None) or body.read
     while len(data) <= MAX_DOCUMENT_BYTES:
         chunk = read(min(CHUNK, MAX_DOCUMENT_BYTES + 1 - len(data)))
@@ -174,7 +174,7 @@ def read_document(body: Any, what: str, *, clock: Callable[[], float] = time.mon
                                 "healthy?")
     if len(data) <= MAX_DOCUMENT_BYTES:
         body.read()  # at its end: read() closes the response (read1 never does)
-    return data
+    return bytes(data)
 
 
 def stalled(what: str, seconds: float) -> RegistryError:
