@@ -175,13 +175,8 @@ class CompilerCache:
     def env(self, staging: Path) -> dict[str, str]:
         if not self.active:
             return {}
-        # depend mode: a miss runs the compiler once, its -MD dependency file (CMake's
-        # Ninja generator passes -MD to GCC and Clang) keys the next lookup; without it each
-        # miss first runs the preprocessor over the whole translation unit to hash it, about
-        # 8% of a cold vLLM build (docs/performance.md, "A source oracle")
         return {"CCACHE_DIR": str(self.folder), "CCACHE_BASEDIR": str(staging),
                 "CCACHE_NOHASHDIR": "true", "CCACHE_COMPILERCHECK": "content",
-                "CCACHE_DEPEND": "true",
                 "CCACHE_MAXSIZE": self.maxsize, "CCACHE_STATSLOG": str(self.stats_log)}
 
     def cmake_args(self, langs: tuple[str, ...] = ("C", "CXX")) -> list[str]:
