@@ -138,6 +138,11 @@ def floor(pin_path: Path, home: Path, externals: Path | None,
     return seconds, compiled
 
 
+def leg_done(leg: str, n: int, seconds: float) -> None:
+    """Each leg's figure as soon as it is measured (a later leg that fails loses nothing)."""
+    print(f"  round {n + 1} {leg}: {fmt([seconds])}", flush=True)
+
+
 def compare(legs: dict[str, Compiled]) -> list[str]:
     """Lines saying, per compiled file, whether every leg gave the same bytes."""
     names = sorted({n for c in legs.values() for n in c})
@@ -187,12 +192,15 @@ def main(argv: list[str] | None = None) -> int:
             seconds, floor_bytes = floor(pin, root / f"floor-{n}", externals,
                                          scratch_wheelhouse(wheelhouse, root / f"wh-floor-{n}"))
             times["floor"].append(seconds)
+            leg_done("floor", n, seconds)
             cache = kept if kept is not None and n == 0 else root / f"ccache-{n}"
             cold, warm = root / f"cold-{n}", root / "elsewhere" / "at-a-longer-path" / f"warm-{n}"
             times["cold"].append(timed_build(pin, cold, cache, externals, scratch_wheelhouse(
                 wheelhouse, root / f"wh-cold-{n}")))
+            leg_done("cold", n, times["cold"][-1])
             times["warm"].append(timed_build(pin, warm, cache, externals, scratch_wheelhouse(
                 wheelhouse, root / f"wh-warm-{n}")))
+            leg_done("warm", n, times["warm"][-1])
             bytes_lines.append(f"  round {n + 1}, compiled files (sha256):")
             bytes_lines += compare({"cold": built(pin, cold), "warm": built(pin, warm),
                                     "floor": floor_bytes})
