@@ -173,7 +173,11 @@ set_target_properties(_C PROPERTIES PREFIX "" SUFFIX "" OUTPUT_NAME "${OUT_NAME}
 """
 ARCHIVE_OPS_C = OPS_C.replace("#include <Python.h>", '#include <Python.h>\n#include "tinydep.h"') \
     .replace("PyLong_FromLong(42)", "PyLong_FromLong(TINYDEP_VALUE)")
-TINYDEP_H = "#define TINYDEP_VALUE 42\n"
+# the header names itself as torch's TORCH_CHECK does (__FILE__ in a header found through an
+# absolute -I under the staging folder): only ccache's relative paths keep a home out of the
+# bytes (its depend mode does not rewrite them: vLLM's bytes named the build folder)
+TINYDEP_H = ("#define TINYDEP_VALUE 42\n"
+             "static const char tinydep_where[] __attribute__((used)) = __FILE__;\n")
 # the same package with the time of its compile in its bytes: reproducible all the same,
 # because GCC takes __DATE__ and __TIME__ from SOURCE_DATE_EPOCH, which every build sets
 STAMPED_OPS_C = ARCHIVE_OPS_C + (
