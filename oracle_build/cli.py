@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from oracle_build import __version__
 from oracle_build.commands import COMMANDS
 from oracle_build.commands.common import EXIT_CODES_HELP
+from oracle_build.core import interrupt
 from oracle_build.core.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, OracleBuildError, OutputFailed
 from oracle_build.core.log import say
 
@@ -68,6 +69,20 @@ def _devnull() -> TextIO:
 
 
 def _run(args: argparse.Namespace) -> int:
+    try:
+        with interrupt.watched():
+            code = _command(args)
+    except KeyboardInterrupt:  # one that came after the command's own handling
+        code = EXIT_INTERRUPTED
+        say("oracle-build: interrupted")
+    if interrupt.received() and code != EXIT_INTERRUPTED:
+        # a Ctrl-C whose KeyboardInterrupt a finalizer swallowed: still an interrupt
+        say("oracle-build: interrupted")
+        return EXIT_INTERRUPTED
+    return code
+
+
+def _command(args: argparse.Namespace) -> int:
     try:
         code: int = args.func(args)
         sys.stdout.flush()  # a report that cannot be written is an output error, here

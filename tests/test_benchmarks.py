@@ -169,10 +169,13 @@ def test_every_benchmark_script_runs_here() -> None:
 def test_source_build_quick() -> None:
     """The source build's benchmark on the small sdist: its floor (the plan's own wheel
     command without a launcher, and the installs), a cold build into an empty compiler cache
-    and a warm one in another home; every figure and both ratios printed. Slow: three builds
-    of a real package with real venvs."""
+    and a warm one in another home; every figure and both ratios printed; the three legs'
+    compiled bytes the same (the path map: the floor's compiler, with no ccache, is given
+    absolute paths in a third home). Slow: three builds of a real package with real venvs."""
     out = bench("source_build.py", "--quick")
     for label in ("floor", "cold", "warm"):
         figure(out, label)
     figure(out, "cold / floor:", RATIO)
     figure(out, "warm / cold:", RATIO)
+    compiled = [line for line in out.splitlines() if line.startswith("    vllm/")]
+    assert compiled and all("same in cold, warm, floor" in line for line in compiled), out

@@ -35,6 +35,26 @@ def gone(pid: int, within: float = 10.0) -> bool:
     return False
 
 
+def waiting_for_a_child(pid: int, within: float = 30.0) -> None:
+    """Return once ``pid``'s main thread sleeps in wait4 (the kernel's ``do_wait``): a signal
+    sent then lands in the wait, not in the lines before it (seen on a loaded CI machine: a
+    SIGINT between the harness's print and its ``try`` killed it with -2, not 130)."""
+    deadline = time.monotonic() + within
+    wchan = Path(f"/proc/{pid}/wchan")
+    while time.monotonic() < deadline:
+        try:
+            where = wchan.read_text().strip()
+        except OSError:
+            return  # ended: the caller's wait says how
+        if where == "do_wait":
+            return
+        if where in ("", "0"):  # a kernel that hides it: give the harness a moment
+            time.sleep(1.0)
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not start waiting within {within}s")
+
+
 def dead_pid() -> int:
     """The pid of a process that has ended."""
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
@@ -58,12 +78,14 @@ def test_a_child_dies_with_a_harness_killed_outright(tmp_path: Path) -> None:
     harness = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
                                text=True)
     assert harness.stdout is not None
-    child = int(harness.stdout.readline())
-    assert os.getpgid(child) == child  # its own group: a Ctrl-C of ours ends it whole
-    assert not gone(child, within=0.5)
-    harness.kill()
-    harness.wait()
-    harness.stdout.close()
+    with harness.stdout:  # closed however the test ends (no leak into a later test)
+        try:
+            child = int(harness.stdout.readline())
+            assert os.getpgid(child) == child  # its own group: a Ctrl-C of ours ends it whole
+            assert not gone(child, within=0.5)
+        finally:
+            harness.kill()
+            harness.wait()
     assert gone(child), f"sleep {child} outlived its harness"
 
 
@@ -89,11 +111,58 @@ def test_a_ctrl_c_ends_the_childs_whole_group(tmp_path: Path) -> None:
     harness = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
                                text=True)
     assert harness.stdout is not None
-    grandchild = int(harness.stdout.readline())
-    harness.send_signal(signal.SIGINT)
-    assert harness.wait(timeout=30) == 130
-    harness.stdout.close()
+    with harness.stdout:  # closed however the test ends (no leak into a later test)
+        try:
+            grandchild = int(harness.stdout.readline())
+            waiting_for_a_child(harness.pid)
+            harness.send_signal(signal.SIGINT)
+            assert harness.wait(timeout=30) == 130
+        finally:
+            harness.kill()
+            harness.wait()
     assert gone(grandchild), f"sleep {grandchild} (a grandchild) outlived the Ctrl-C"
+
+
+def test_a_ctrl_c_a_finalizer_swallowed_still_ends_the_command_with_130(tmp_path: Path) -> None:
+    """CI saw a build interrupted in its toolchain step publish and exit 0: the SIGINT's
+    KeyboardInterrupt was raised inside a finalizer, where Python prints "Exception ignored"
+    and drops it. Here the interrupt lands inside a ``__del__`` of a command that then
+    returns 0: the command still exits 130."""
+    script = tmp_path / "harness.py"
+    script.write_text(textwrap.dedent(f"""
+        import argparse, sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from oracle_build import cli
+
+        class Closing:
+            def __del__(self):
+                print("in __del__", flush=True)
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:  # the Ctrl-C comes in here
+                    time.sleep(0.01)
+
+        def command(args):
+            Closing()  # its finalizer runs at once, and swallows what is raised there
+            print("the command went on", flush=True)
+            return 0
+
+        sys.exit(cli._run(argparse.Namespace(func=command)))
+    """))
+    harness = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert harness.stdout is not None and harness.stderr is not None
+    with harness.stdout, harness.stderr:
+        try:
+            assert harness.stdout.readline() == "in __del__\n"
+            harness.send_signal(signal.SIGINT)
+            assert harness.wait(timeout=60) == 130
+            out, err = harness.stdout.read(), harness.stderr.read()
+        finally:
+            harness.kill()
+            harness.wait()
+    assert "the command went on" in out  # the exception was swallowed ...
+    assert "Exception ignored" in err and "KeyboardInterrupt" in err
+    assert "oracle-build: interrupted" in err  # ... and the interrupt still counted
 
 
 def test_the_next_build_clears_what_an_unfinished_one_left(tmp_path: Path,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from oracle_build.contracts.compiled import load_compiled
+from oracle_build.contracts.compiled import RECIPE, load_compiled
 from oracle_build.contracts.pins import load_pin
 from oracle_build.contracts.record import load_record
 from oracle_build.core import layout, verdicts
@@ -80,7 +80,9 @@ def test_two_homes_same_bytes_and_check_proves_it(tmp_path: Path) -> None:
     assert first is not None and list(first.files) == [SO]
     assert first.toolchain and "cc: " in first.toolchain and "ld: " in first.toolchain
     assert any(lever.startswith("SOURCE_DATE_EPOCH") for lever in first.levers)
-    assert any(lever.startswith("CCACHE_BASEDIR") for lever in first.levers)
+    assert any(lever.startswith("-ffile-prefix-map=<the staging folder>=.")
+               for lever in first.levers)
+    assert first.recipe == RECIPE
     assert any("CMAKE_BUILD_WITH_INSTALL_RPATH=ON" in lever for lever in first.levers)
     assert first.reproducible.startswith("not measured")
     wheels = sorted(p.name for p in wheelhouse.rglob("*.whl"))

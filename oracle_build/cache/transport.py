@@ -190,7 +190,7 @@ def _tracked(pool: urllib3.HTTPConnectionPool) -> urllib3.HTTPConnectionPool:
     base = pool.ConnectionCls
 
     def init(self: Any, *a: Any, **kw: Any) -> None:
-        base.__init__(self, *a, **kw)  # type: ignore[misc]
+        base.__init__(self, *a, **kw)
         live.add(self)
 
     pool.ConnectionCls = type(f"Tracked{base.__name__}", (base,), {"__init__": init})

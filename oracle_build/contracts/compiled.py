@@ -24,11 +24,17 @@ from oracle_build.core.errors import BadInput
 from oracle_build.core.files import load_toml, validate
 
 COMPILED_SCHEMA = 1
+# The version of the levers a source build sets so that its bytes depend on the pin and the
+# toolchain only (docs/reproducible-builds.md): bytes established under one recipe say nothing
+# of a build under another (its entries are for that recipe: unestablished, not a mismatch).
+#   1: ccache's base_dir rewrote the compiler's paths relative (entries without `recipe`)
+#   2: -ffile-prefix-map=<staging>=. for every compiler; ccache in depend mode
+RECIPE = 2
 # every such file's name ends so (the pin's `compiled` is checked): never taken for a pin
 COMPILED_SUFFIX = ".compiled.toml"
 
-__all__ = ["COMPILED_SCHEMA", "COMPILED_SUFFIX", "CompiledEntry", "CompiledLock", "load_compiled",
-           "render"]
+__all__ = ["COMPILED_SCHEMA", "COMPILED_SUFFIX", "RECIPE", "CompiledEntry", "CompiledLock",
+           "load_compiled", "render"]
 
 
 class CompiledEntry(Strict):
@@ -36,6 +42,7 @@ class CompiledEntry(Strict):
     target: SafeName
     machine: str = Field(max_length=64, pattern=r"^[a-z0-9_]+$")
     toolchain: str = Field(max_length=1000)  # record.toolchain_key of the build
+    recipe: int = Field(default=1, ge=1, le=1000)  # RECIPE of the build; absent: 1
     established_utc: str = Field(max_length=64)
     # path under site-packages -> sha256
     files: dict[str, Sha256] = Field(min_length=1, max_length=10000)
@@ -46,9 +53,10 @@ class CompiledLock(Strict):
     pin: SafeName  # the pin's id
     established: list[CompiledEntry] = Field(default_factory=list, max_length=1000)
 
-    def entries_for(self, pin_hash: str, target: str, machine: str) -> list[CompiledEntry]:
-        return [e for e in self.established
-                if (e.pin_hash, e.target, e.machine) == (pin_hash, target, machine)]
+    def entries_for(self, pin_hash: str, target: str, machine: str,
+                    recipe: int = RECIPE) -> list[CompiledEntry]:
+        return [e for e in self.established if (e.pin_hash, e.target, e.machine, e.recipe)
+                == (pin_hash, target, machine, recipe)]
 
 
 def load_compiled(path: Path) -> CompiledLock:
@@ -97,6 +105,7 @@ def render(model: CompiledLock) -> str:
                   f"target = {_quote(e.target)}",
                   f"machine = {_quote(e.machine)}",
                   f"toolchain = {_quote(e.toolchain)}",
+                  f"recipe = {e.recipe}",
                   f"established_utc = {_quote(e.established_utc)}",
                   "[established.files]"]
         lines += [f"{_quote(rel)} = {_quote(digest)}" for rel, digest in sorted(e.files.items())]

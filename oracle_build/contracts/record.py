@@ -131,6 +131,9 @@ class CompiledFacts(Strict):
     toolchain: str | None
     levers: list[str]
     reproducible: str
+    # the version of the levers (RECIPE in contracts/compiled.py); None: a record written
+    # before they were versioned, recipe 1
+    recipe: int | None = Field(default=None, ge=1, le=1000)
 
     @property
     def fingerprint(self) -> str:

@@ -16,8 +16,10 @@ SCRUBBED = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP",
 # A build also drops these: uv's own configuration (the pin says where wheels come from), a
 # pretend version (setuptools-scm would stamp any version asked), every precompiled-kernel
 # switch (every VLLM_*PRECOMPILED* variable), and git's environment (GIT_DIR would point
-# setuptools-scm at another repository).
-BUILD_DROPPED_PREFIXES = ("UV_", "SETUPTOOLS_SCM_PRETEND", "VLLM_USE_PRECOMPILED", "GIT_")
+# setuptools-scm at another repository), and ccache's (the plan sets the compiler cache's
+# settings: a caller's CCACHE_NODEPEND or CCACHE_SLOPPINESS would change what a hit means).
+BUILD_DROPPED_PREFIXES = ("UV_", "SETUPTOOLS_SCM_PRETEND", "VLLM_USE_PRECOMPILED", "GIT_",
+                          "CCACHE_")
 # Recorded in goldens and logs: every variable that can change what vLLM computes.
 RECORDED_PREFIXES = ("VLLM_", "CUDA", "TORCH", "TRITON_", "FLASHINFER_", "NCCL", "CUBLAS",
                      "OMP_", "KMP_", "MKL_", "PYTORCH_", "LD_", "HIP_", "ROCM_", "ATEN_",

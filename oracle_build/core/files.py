@@ -169,7 +169,7 @@ def clear_stale_temporaries(folder: Path) -> list[str]:
     """Remove the temporary files a process of this package that died (killed mid-write)
     left in ``folder``: its own names only (TEMPORARY), of processes no longer alive, never a
     folder. The names removed."""
-    removed = []
+    removed: list[str] = []
     try:
         entries = list(os.scandir(folder))
     except OSError:

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from oracle_build.core import interrupt
+
 
 def say(message: str = "") -> None:
     """Progress and facts for the human go to stderr; stdout stays for results."""
@@ -38,6 +40,7 @@ class Steps:
 
     @contextmanager
     def step(self, name: str) -> Iterator[None]:
+        interrupt.check()  # a Ctrl-C a finalizer swallowed stops the work here
         self._index += 1
         say(f"==> [{self._index}/{self.total}] {name}")
         start = time.monotonic()

@@ -118,6 +118,9 @@ class Device:
     # the CMake languages whose compiler a source build runs through the compiler cache
     # (CMAKE_<LANG>_COMPILER_LAUNCHER): nvcc and hipcc too, on their devices
     LAUNCHER_LANGS: ClassVar[tuple[str, ...]] = ("C", "CXX")
+    # the flag variables (beside CFLAGS and CXXFLAGS) through which a source build gives this
+    # device's compiler the staging folder's path map, and the form it takes ({flag})
+    PATH_MAP_VARS: ClassVar[tuple[tuple[str, str], ...]] = ()
     # the build variables of this device the compile's command lines depend on (recorded
     # with the toolchain)
     BUILD_FLAG_VARS: ClassVar[tuple[str, ...]] = ("VLLM_TARGET_DEVICE",)

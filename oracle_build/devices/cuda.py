@@ -90,6 +90,8 @@ class Cuda(Device):
     )
     PREFLIGHT_ABOUT = "nvcc and driver"
     LAUNCHER_LANGS = ("C", "CXX", "CUDA")
+    # nvcc hands host-compiler flags on through -Xcompiler (CMake reads CUDAFLAGS)
+    PATH_MAP_VARS = (("CUDAFLAGS", "-Xcompiler={flag}"),)
     BUILD_FLAG_VARS = ("VLLM_TARGET_DEVICE", "TORCH_CUDA_ARCH_LIST", "NVCC_THREADS", "CUDA_HOME")
 
     def build_env(self, target: Target, env: dict[str, str]) -> None:

@@ -220,6 +220,8 @@ class Rocm(Device):
     )
     PREFLIGHT_ABOUT = "hipcc, its HIP version and the amdgpu driver"
     LAUNCHER_LANGS = ("C", "CXX", "HIP")
+    # hipcc is clang: it takes the map as it is (CMake reads HIPFLAGS)
+    PATH_MAP_VARS = (("HIPFLAGS", "{flag}"),)
     BUILD_FLAG_VARS = ("VLLM_TARGET_DEVICE", "PYTORCH_ROCM_ARCH", "ROCM_HOME")
 
     def build_env(self, target: Target, env: dict[str, str]) -> None:

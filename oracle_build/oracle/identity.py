@@ -20,7 +20,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from oracle_build import devices, host
-from oracle_build.contracts.compiled import load_compiled
+from oracle_build.contracts.compiled import RECIPE, load_compiled
 from oracle_build.contracts.pins import (
     ArchiveSource,
     FromSource,
@@ -375,11 +375,20 @@ def compiled_checks(pin: Pin, target_name: str, machine: str,
     if lock.pin != pin.id:
         raise BadInput(path, [("pin", f"names pin {lock.pin!r}; {pin.path.name} is "
                                f"{pin.id!r}")])
-    entries = lock.entries_for(pin.content_hash, target_name, machine)
+    # a record without a recipe: written before recipes (1), or an install of a wheel an
+    # earlier build made (no toolchain: held to the current recipe's bytes)
+    recipe = RECIPE if compiled is None or compiled.toolchain is None else (compiled.recipe or 1)
+    entries = lock.entries_for(pin.content_hash, target_name, machine, recipe)
     if not entries:
+        others = sorted({e.recipe for e in lock.established
+                         if (e.pin_hash, e.target, e.machine)
+                         == (pin.content_hash, target_name, machine)})
+        why = (f" (it holds this pin's bytes of build recipe "
+               f"{', '.join(map(str, others))}; this oracle's recipe is {recipe}: "
+               "docs/reproducible-builds.md#recipes)" if others else "")
         return [], (f"bytes unestablished in {path.name} for this pin (content hash "
-                    f"{pin.content_hash[:12]}), target {target_name} on {machine}: `oracle-build "
-                    "lock --compiled` establishes them from this oracle")
+                    f"{pin.content_hash[:12]}), target {target_name} on {machine}{why}: "
+                    "`oracle-build lock --compiled` establishes them from this oracle")
     if compiled is None:
         return [("compiled files (build record)", f"the bytes {path.name} holds",
                  "not recorded: built by an earlier oracle-build (`build_oracle -- --rebuild`)")

@@ -73,9 +73,10 @@ def establish_compiled(pin: Pin, target_name: str, home: Path, *, replace: bool 
                        ) -> Path:
     """Write the compiled bytes of the pin's oracle in ``home`` into the pin's compiled file
     (contracts/compiled.py), once the oracle passes every other identity check: one entry per
-    content hash, target, machine and toolchain; entries of the pin's earlier content hashes
-    are dropped (said). An entry already held for this toolchain with other bytes is refused
-    (the build is not the established one: `build_oracle -- --check`) unless ``replace``."""
+    content hash, target, machine, toolchain and build recipe; entries of the pin's earlier
+    content hashes are dropped (said). An entry already held for this toolchain with other
+    bytes is refused (the build is not the established one: `build_oracle -- --check`)
+    unless ``replace``."""
     from oracle_build.contracts.compiled import (
         COMPILED_SCHEMA,
         CompiledEntry,
@@ -123,22 +124,27 @@ def establish_compiled(pin: Pin, target_name: str, home: Path, *, replace: bool 
     if held.pin != m.id:
         raise BadInput(path, [("pin", f"names pin {held.pin!r}; {pin.path.name} is {m.id!r}")])
     name = str(record.target.get("name") or target_name)
-    key = (pin.content_hash, name, target.machine, compiled.toolchain)
+    recipe = compiled.recipe or 1
+    key = (pin.content_hash, name, target.machine, compiled.toolchain, recipe)
+
+    def key_of(e: CompiledEntry) -> tuple[str, str, str, str, int]:
+        return (e.pin_hash, e.target, e.machine, e.toolchain, e.recipe)
+
     stale = [e for e in held.established if e.pin_hash != pin.content_hash]
-    same = [e for e in held.established if (e.pin_hash, e.target, e.machine, e.toolchain) == key]
+    same = [e for e in held.established if key_of(e) == key]
     if same and same[0].files != compiled.files and not replace:
         differ = sorted(n for n in set(same[0].files) | set(compiled.files)
                         if same[0].files.get(n) != compiled.files.get(n))
-        raise Refused(f"{path} already holds other bytes for this pin, target and toolchain "
+        raise Refused(f"{path} already holds other bytes for this pin, target, toolchain and "
+                      f"build recipe "
                       f"(established {same[0].established_utc}); this oracle's differ in "
                       f"{len(differ)} files: " + ", ".join(differ[:8]),
                       hint="the build is not reproducible, or not the established one: "
                       "`build_oracle -- --check` says where; --replace overwrites")
-    kept = [e for e in held.established if e.pin_hash == pin.content_hash
-            and (e.pin_hash, e.target, e.machine, e.toolchain) != key]
+    kept = [e for e in held.established if e.pin_hash == pin.content_hash and key_of(e) != key]
     entry = CompiledEntry(pin_hash=pin.content_hash, target=name, machine=target.machine,
-                          toolchain=compiled.toolchain, established_utc=layout.utc_now(),
-                          files=compiled.files)
+                          toolchain=compiled.toolchain, recipe=recipe,
+                          established_utc=layout.utc_now(), files=compiled.files)
     out = CompiledLock.model_validate({"schema": COMPILED_SCHEMA, "pin": m.id,
                                        "established": [*kept, entry]})
     atomic_write_bytes(path, render(out).encode())
@@ -146,5 +152,5 @@ def establish_compiled(pin: Pin, target_name: str, home: Path, *, replace: bool 
     if stale:
         say(f"dropped {len(stale)} entries of the pin's earlier content hashes")
     say(f"wrote {path}: {len(compiled.files)} compiled files of {venv.name} (target {name}, "
-        f"{target.machine}; {compiled.toolchain})")
+        f"{target.machine}; {compiled.toolchain}; build recipe {recipe})")
     return path

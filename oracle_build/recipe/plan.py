@@ -53,8 +53,8 @@ WHEEL_UNSET = ("VLLM_USE_PRECOMPILED", "SETUPTOOLS_SCM_PRETEND_VERSION",
                "VLLM_VERSION_OVERRIDE", "VLLM_SKIP_VERSION_SUFFIX")
 # what the compile's command lines take from the environment of a source build: each is the
 # plan's or unset, never the caller's (a CFLAGS of the caller's would change every object)
-FLAGS_UNSET = ("CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CC", "CXX", "CCACHE_DISABLE",
-               "CCACHE_RECACHE", "CCACHE_PREFIX", "CCACHE_CONFIGPATH")
+FLAGS_UNSET = ("CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CUDAFLAGS", "HIPFLAGS", "CC",
+               "CXX", "CCACHE_DISABLE", "CCACHE_RECACHE", "CCACHE_PREFIX", "CCACHE_CONFIGPATH")
 def wheel_build_env(pin: Pin, target: Target, externals: dict[str, str]) -> dict[str, str]:
     env: dict[str, str] = {}
     env.update(pin.model.build.env)
@@ -287,8 +287,9 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                 act.build_requirements,
                 [_uv("pip", "install", "--python", py, f"pip=={pin.model.build.pip}",
                      "-r", str(files("build-requirements.txt")))]))
+            paths = toolchain.path_map(staging, devices.module(target).PATH_MAP_VARS)
             wheel_env = {**build_env, **rust_env, **source_build_env(
-                pin, staging, svenv, compilers, ccache)}
+                pin, staging, svenv, compilers, ccache, paths)}
             wheel_env["CMAKE_ARGS"] = " ".join(
                 [*(build_env.get("CMAKE_ARGS", "").split()), *REPRODUCIBLE_CMAKE_ARGS,
                  *ccache.cmake_args(devices.module(target).LAUNCHER_LANGS)])
@@ -365,15 +366,18 @@ def patch_cmd(patch: Path, tree: Path) -> Cmd:
 
 def source_build_env(pin: Pin, staging: Path, svenv: Path,
                      compilers: dict[str, toolchain.Compiler],
-                     ccache: toolchain.CompilerCache) -> dict[str, str]:
+                     ccache: toolchain.CompilerCache,
+                     paths: toolchain.PathMap) -> dict[str, str]:
     """What a source build's compile command lines depend on, set by the plan: the staging
     venv's tools first on PATH (cmake and ninja of the build requirements, not the host's),
-    the pin's compilers when it names them, SOURCE_DATE_EPOCH, the compiler cache."""
+    the pin's compilers when it names them, SOURCE_DATE_EPOCH, the staging folder's path map
+    (the only compiler flags of the plan's: the caller's are unset), the compiler cache."""
     env = {"PATH": f"{svenv / 'bin'}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
            "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
     if pin.model.build.cc and compilers["cc"].path:
         env["CC"] = compilers["cc"].path
     if pin.model.build.cxx and compilers["cxx"].path:
         env["CXX"] = compilers["cxx"].path
-    env.update(ccache.env(staging))
+    env.update(paths.env())
+    env.update(ccache.env(staging, paths))
     return env

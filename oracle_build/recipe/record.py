@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from oracle_build import devices, host
+from oracle_build.contracts.compiled import RECIPE
 from oracle_build.contracts.pins import FromSource
 from oracle_build.contracts.record import (
     RECORD_SCHEMA,
@@ -43,16 +44,15 @@ def levers(p: Plan) -> list[str]:
     toolchain only, not on where or when it ran."""
     out = [f"SOURCE_DATE_EPOCH={SOURCE_DATE_EPOCH}: every timestamp the build writes (the "
            "wheel's entries, checked-hash bytecode) is this one, not the build's time"]
+    out.append(f"-ffile-prefix-map=<the staging folder>={toolchain.MAPPED_TO} (CFLAGS, "
+               "CXXFLAGS and the device compiler's flags): no object names where it was built "
+               "(__FILE__ in torch's TORCH_CHECK, debug info), with or without the compiler "
+               f"cache (build recipe {RECIPE})")
     cc = p.compiler_cache
     if cc is not None and cc.active:
-        out.append("CCACHE_BASEDIR=<the staging folder> with CCACHE_NOHASHDIR: the compiler "
-                   "is given paths under the staging folder (source, build folder, the build "
-                   "venv's headers) as relative ones, so no object names where it was built "
-                   "(__FILE__, debug info), and the cache's keys do not depend on the home")
-    else:
-        out.append("none for compile paths: no ccache on this host, the compiler is given "
-                   "absolute paths under the staging folder; objects that use __FILE__ name "
-                   "it, and two homes give other bytes")
+        out.append("ccache in depend mode, CCACHE_BASEDIR=<the staging folder>, "
+                   "CCACHE_NOHASHDIR, the path map's flags left out of the keys "
+                   "(CCACHE_IGNOREOPTIONS): the cache's keys do not depend on the home")
     out += [f"CMAKE_ARGS {a}: linked once with the install RPATH; no build-tree RPATH "
             "blanked in place at install (which left .dynstr as long as the build path)"
             for a in REPRODUCIBLE_CMAKE_ARGS]
@@ -72,7 +72,8 @@ def compiled_facts(state: BuildState) -> CompiledFacts | None:
             tools, devices.module(p.target).toolchain_parts(state.facts.preflight))
                    if p.from_source and tools is not None else None),
         levers=levers(p) if p.from_source else [],
-        reproducible=reproducible_text(p.pin))
+        reproducible=reproducible_text(p.pin),
+        recipe=RECIPE if p.from_source else None)
 
 
 def build_record(state: BuildState, ident: identity.Identity, *, manifest_summary: ManifestSummary,

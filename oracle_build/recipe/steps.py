@@ -412,9 +412,12 @@ def build_requirements(state: BuildState, step: Step) -> None:
 
 
 # what a source build's compile command lines take from its environment, every device's
+# (recorded with the staging folder's path as <staging>: what the build passed, not where)
 FLAG_VARS = ("CMAKE_ARGS", "CMAKE_BUILD_TYPE", "MAX_JOBS", "SOURCE_DATE_EPOCH", "CC", "CXX",
-             "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CCACHE_BASEDIR",
-             "CCACHE_COMPILERCHECK", "CCACHE_NOHASHDIR")
+             "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CUDAFLAGS", "HIPFLAGS",
+             "CCACHE_BASEDIR", "CCACHE_COMPILERCHECK", "CCACHE_NOHASHDIR", "CCACHE_DEPEND",
+             "CCACHE_IGNOREOPTIONS")
+STAGING_SHOWN = "<staging>"
 
 
 def wheel(state: BuildState, step: Step) -> None:
@@ -432,8 +435,8 @@ def wheel(state: BuildState, step: Step) -> None:
         or toolchain.tool_version(["cmake", "--version"], env),
         "ninja": toolchain.tool_version([str(bin_dir / "ninja"), "--version"], env)
         or toolchain.tool_version(["ninja", "--version"], env),
-        "flags": {k: env[k] for k in sorted(env) if k in (
-            *FLAG_VARS, *devices.module(p.target).BUILD_FLAG_VARS)}})
+        "flags": {k: env[k].replace(str(p.staging), STAGING_SHOWN) for k in sorted(env)
+                  if k in (*FLAG_VARS, *devices.module(p.target).BUILD_FLAG_VARS)}})
     state.facts.toolchain = tools
     cc = p.compiler_cache
     if cc is not None and cc.active:
