@@ -35,23 +35,25 @@ def gone(pid: int, within: float = 10.0) -> bool:
     return False
 
 
-def waiting_for_a_child(pid: int, within: float = 30.0) -> None:
-    """Return once ``pid``'s main thread sleeps in wait4 (the kernel's ``do_wait``): a signal
-    sent then lands in the wait, not in the lines before it (seen on a loaded CI machine: a
-    SIGINT between the harness's print and its ``try`` killed it with -2, not 130)."""
+def waiting(pid: int, within: float = 30.0) -> None:
+    """Return once ``pid``'s main thread sleeps in a wait for its child (Popen's timed wait
+    polls: waitpid, then a nanosleep), not for the GIL (a futex) or running: a signal sent
+    then lands in the wait, not in the lines before it (seen on a loaded CI machine: a SIGINT
+    between the harness's print and its ``try`` killed it with -2, not 130). A kernel that
+    hides wchan: a moment's grace instead."""
     deadline = time.monotonic() + within
-    wchan = Path(f"/proc/{pid}/wchan")
+    task = Path(f"/proc/{pid}/task/{pid}")
     while time.monotonic() < deadline:
         try:
-            where = wchan.read_text().strip()
+            where = (task / "wchan").read_text().strip()
         except OSError:
             return  # ended: the caller's wait says how
-        if where == "do_wait":
-            return
-        if where in ("", "0"):  # a kernel that hides it: give the harness a moment
+        if where in ("", "0"):
             time.sleep(1.0)
             return
-        time.sleep(0.01)
+        if "nanosleep" in where or where == "do_wait":
+            return
+        time.sleep(0.005)
     raise AssertionError(f"process {pid} did not start waiting within {within}s")
 
 
@@ -114,7 +116,7 @@ def test_a_ctrl_c_ends_the_childs_whole_group(tmp_path: Path) -> None:
     with harness.stdout:  # closed however the test ends (no leak into a later test)
         try:
             grandchild = int(harness.stdout.readline())
-            waiting_for_a_child(harness.pid)
+            waiting(harness.pid)
             harness.send_signal(signal.SIGINT)
             assert harness.wait(timeout=30) == 130
         finally:

@@ -257,6 +257,72 @@ def test_stop_after_names_a_step(tmp_path: Path, sdist: Sdist) -> None:
     assert "--stop-after" in done.stderr and "configure" in done.stderr
 
 
+def test_the_compile_maps_the_staging_folder_out_and_the_cache_keys_without_it(
+        tmp_path: Path, sdist: Sdist, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wheel command gives every compiler -ffile-prefix-map=<staging>=. (the caller's own
+    CFLAGS replaced, not added to), ccache runs in depend mode with that flag out of its keys,
+    and no CCACHE_* of the caller's reaches it. A home whose path a flag cannot carry is
+    refused before any work, naming the home."""
+    from oracle_build import recipe
+
+    monkeypatch.setenv("CFLAGS", "-O0 -DCALLERS")
+    monkeypatch.setenv("CCACHE_NODEPEND", "1")
+    monkeypatch.setenv("CCACHE_SLOPPINESS", "time_macros")
+    s = own_sdist(tmp_path, sdist)
+    pin = load_pin(write_sdist_pin(s))
+    home = tmp_path / "home"
+    p = recipe.plan(pin, "cpu", home=home, wheelhouse_root=tmp_path / "wh",
+                    externals_dir=s.externals)
+    (cmd,) = next(step for step in p.steps if step.name == "wheel").commands
+    env = cmd.environment()
+    flag = f"-ffile-prefix-map={p.staging}=."
+    assert env["CFLAGS"] == env["CXXFLAGS"] == flag
+    assert "CCACHE_NODEPEND" not in env and "CCACHE_SLOPPINESS" not in env
+    assert env["CCACHE_DEPEND"] == "true" and env["CCACHE_IGNOREOPTIONS"] == flag
+    assert env["CCACHE_BASEDIR"] == str(p.staging)
+    assert "-DCMAKE_CXX_COMPILER_LAUNCHER=" in env["CMAKE_ARGS"]
+    spaced = tmp_path / "a home"
+    done = build(write_sdist_pin(s), spaced, "--dry-run", externals=s.externals)
+    assert done.returncode == EXIT_BAD_INPUT, done.stderr
+    assert "--home" in done.stderr and "a home" in done.stderr
+    assert not spaced.exists() or not any(spaced.rglob("*.whl"))
+
+
+def test_bytes_held_for_another_build_recipe_are_unestablished_not_a_mismatch(
+        tmp_path: Path) -> None:
+    """Bytes established under one build recipe (recipe 1: ccache's relative paths; entries
+    written before the field) say nothing of a build under another: such an oracle's bytes
+    are unestablished (said, with the recipe), not ORACLE MISMATCH; an old record (no
+    recipe) is held to the recipe-1 entry, and `render` writes the recipe back."""
+    from oracle_build.contracts.compiled import RECIPE, load_compiled, render
+    from oracle_build.contracts.record import CompiledFacts
+    from oracle_build.oracle.identity import compiled_checks
+
+    pins = tmp_path / "pins"
+    shutil.copytree(REPO / "pins", pins)
+    held = pins / "cpu-source.compiled.toml"
+    lock = load_compiled(held)
+    (entry,) = [e for e in lock.established if e.recipe == 1]
+    assert RECIPE == 2
+    held.write_text(render(lock.model_copy(update={"established": [entry]})))
+    assert "recipe = 1" in held.read_text() and load_compiled(held).established == [entry]
+    pin = load_pin(pins / "cpu-source.toml")
+
+    def facts(recipe: int | None, files: dict[str, str]) -> CompiledFacts:
+        return CompiledFacts(files=files, toolchain=entry.toolchain, levers=[],
+                             reproducible="", recipe=recipe)
+
+    other = {"vllm/_C.abi3.so": "0" * 64}
+    bad, said = compiled_checks(pin, "cpu", "x86_64", facts(RECIPE, other))
+    assert bad == [] and said is not None
+    assert said.startswith("bytes unestablished in cpu-source.compiled.toml")
+    assert "build recipe 1; this oracle's recipe is 2" in said
+    bad, said = compiled_checks(pin, "cpu", "x86_64", facts(None, dict(entry.files)))
+    assert bad == [] and said is not None and "the pin's bytes" in said
+    bad, _ = compiled_checks(pin, "cpu", "x86_64", facts(None, other))
+    assert bad  # the same recipe, other bytes: a mismatch, as before
+
+
 # ----------------------------------------------------------------------------- progress
 
 

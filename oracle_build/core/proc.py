@@ -231,7 +231,7 @@ class Live:
             if self.proc.stdin is not None and not self.proc.stdin.closed:
                 with contextlib.suppress(OSError):
                     self.proc.stdin.close()
-            self.proc.wait(timeout=timeout)
+            self._wait(timeout)
             self._reader.join()
         except BaseException:
             # its own session: a Ctrl-C reaches this process only, which ends the group
@@ -264,6 +264,21 @@ class Live:
             failed.log = str(self.log) if self.log else None
             raise failed
         return result
+
+    def _wait(self, timeout: float | None) -> None:
+        """Wait for the command, polling (Popen's timed wait wakes every 50 ms) rather than
+        blocked in the kernel: a Ctrl-C that the kernel handed to one of this process's other
+        threads (a reader's, the heartbeat's) is acted on by the main thread within that
+        time, not when the command ends by itself (core/interrupt.py)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            try:
+                self.proc.wait(timeout=1.0 if left is None else max(0.0, min(1.0, left)))
+                return
+            except subprocess.TimeoutExpired:
+                if left is not None and left <= 1.0:
+                    raise
 
     def stop(self) -> None:
         """End it now (closing its stdin first: a waiting driver exits on its own)."""
