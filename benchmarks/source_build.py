@@ -138,6 +138,73 @@ def floor(pin_path: Path, home: Path, externals: Path | None,
     return seconds, compiled
 
 
+def units(pin_path: Path, home: Path, externals: Path | None, wheelhouse: Path | None,
+          names: list[str], rounds: int) -> list[tuple[str, list[float], list[float]]]:
+    """The compiler cache's cost on a miss, per translation unit: the tool's own steps and the
+    plan's wheel command (no launcher) up to CMake's configure; then each unit's compile as
+    Ninja would run it (``ninja -t compdb``: -MD and its dependency file included, which
+    ccache's depend mode keys on), bare and through ccache with the plan's settings into an
+    empty cache, alternating, ``rounds`` times each. ``names``: a file name, optionally
+    ``name:text`` to pick the command holding ``text`` (vLLM compiles a file once per ISA)."""
+    import shlex
+
+    from oracle_build.recipe.model import CONFIGURED
+
+    pin = load_pin(pin_path)
+    target = next(iter(pin.model.targets))
+    p = make_plan(pin, target, home=home, wheelhouse_root=wheelhouse or home / "wheelhouse",
+                  externals_dir=externals, compiler_cache=False)
+    names_ = [s.name for s in p.steps]
+    p.staging.mkdir(parents=True)
+    p.log.write_text("# benchmarks/source_build.py: units\n")
+    state = BuildState(p, Steps(len(p.steps)))
+    for step in p.steps[:names_.index("wheel")]:
+        with state.steps.step(step.name):
+            step.action(state, step)
+    wheel_cmd = p.steps[names_.index("wheel")].commands[0]
+    env = wheel_cmd.environment()
+    cache_env = {k: v for k, v in env.items() if k.startswith("CCACHE_")}
+    env = {k: v for k, v in env.items() if not k.startswith("CCACHE_")}
+    env["CMAKE_ARGS"] = " ".join(a for a in env.get("CMAKE_ARGS", "").split()
+                                 if "_COMPILER_LAUNCHER=" not in a)
+    env["CCACHE_DISABLE"] = "1"
+    proc.Live(wheel_cmd.argv, env=env, log=p.log, stop_at=CONFIGURED).finish(check=False)
+    (build,) = (p.staging / "src" / "build").glob("temp.*")
+    compdb = json.loads(subprocess.run([str(p.staging_venv / "bin" / "ninja"), "-C", str(build),
+                                        "-t", "compdb"], capture_output=True, text=True,
+                                       check=True).stdout)
+    ccache = shutil.which("ccache")
+    if ccache is None:
+        raise SystemExit("--units: no ccache on this host")
+    out = []
+    for want in names:
+        name, _, text = want.partition(":")
+        entry = next((e for e in compdb if e["file"].endswith(name) and text in e["command"]),
+                     None)
+        if entry is None:
+            raise SystemExit(f"--units: no compile of {want} in {build}")
+        argv = shlex.split(entry["command"])
+        bare: list[float] = []
+        cached: list[float] = []
+        for r in range(rounds):
+            for kind in ("bare", "ccache") if r % 2 == 0 else ("ccache", "bare"):
+                run_env = dict(env)
+                cmd = argv
+                folder = Path(tempfile.mkdtemp(prefix="ccache-", dir=p.staging))
+                if kind == "ccache":
+                    run_env = {**env, **cache_env, "CCACHE_DIR": str(folder)}
+                    del run_env["CCACHE_DISABLE"]
+                    cmd = [ccache, *argv]
+                start = time.monotonic()
+                subprocess.run(cmd, cwd=entry["directory"], env=run_env, check=True,
+                               stdout=subprocess.DEVNULL)
+                (cached if kind == "ccache" else bare).append(time.monotonic() - start)
+                shutil.rmtree(folder, ignore_errors=True)
+        out.append((want, bare, cached))
+    shutil.rmtree(p.staging, ignore_errors=True)
+    return out
+
+
 def leg_done(leg: str, n: int, seconds: float) -> None:
     """Each leg's figure as soon as it is measured (a later leg that fails loses nothing)."""
     print(f"  round {n + 1} {leg}: {fmt([seconds])}", flush=True)
@@ -172,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
                     "afterwards (default: a throwaway one)")
     ap.add_argument("--quick", action="store_true",
                     help="the small package of tests/srcpkg.py as an sdist (CI)")
+    ap.add_argument("--units", nargs="+", metavar="FILE[:TEXT]",
+                    help="instead of the three legs: the compiler cache's cost on a miss for "
+                    "these translation units (bare and through ccache, paired, --rounds 3 "
+                    "by default), e.g. csrc/cpu/utils.cpp:_C.dir (with --quick: csrc/ops.c)")
     args = ap.parse_args(argv)
     times: dict[str, list[float]] = {"floor": [], "cold": [], "warm": []}
     bytes_lines: list[str] = []
@@ -188,6 +259,17 @@ def main(argv: list[str] | None = None) -> int:
 
             sdist = make_sdist(root / "sdist")
             pin, externals, wheelhouse = write_sdist_pin(sdist), sdist.externals, None
+        if args.units:
+            measured = units(pin, root / "units", externals, scratch_wheelhouse(
+                wheelhouse, root / "wh-units") if wheelhouse else None, args.units,
+                max(args.rounds, 3))
+            print(f"compiler cache on a miss, per unit ({max(args.rounds, 3)} rounds each, "
+                  "alternating)")
+            for want, bare, cached in measured:
+                mb, mc = sorted(bare)[len(bare) // 2], sorted(cached)[len(cached) // 2]
+                print(f"  {want}: bare {fmt(bare)}; ccache {fmt(cached)}; "
+                      f"ccache / bare: {mc / mb:.3f}x")
+            return 0
         for n in range(args.rounds):
             seconds, floor_bytes = floor(pin, root / f"floor-{n}", externals,
                                          scratch_wheelhouse(wheelhouse, root / f"wh-floor-{n}"))

@@ -179,3 +179,7 @@ def test_source_build_quick() -> None:
     figure(out, "warm / cold:", RATIO)
     compiled = [line for line in out.splitlines() if line.startswith("    vllm/")]
     assert compiled and all("same in cold, warm, floor" in line for line in compiled), out
+    # the compiler cache's cost on a miss, per translation unit, as Ninja runs the compile
+    out = bench("source_build.py", "--quick", "--units", "csrc/ops.c")
+    figure(out, "csrc/ops.c: bare")  # its median, in seconds
+    figure(out, "csrc/ops.c: bare", re.compile(r"ccache / bare: ([0-9.]+)x"))
