@@ -3,6 +3,8 @@ the cold build, measured in one run on this machine.
 
     python benchmarks/source_build.py --externals ../shared/externals          # vLLM: ~2 hours
     python benchmarks/source_build.py --quick                                    # CI: seconds
+    python benchmarks/source_build.py --externals ../shared/externals --units \
+        csrc/cpu/utils.cpp:_C.dir src/common/bfloat16.cpp                       # minutes
 
 Three timings, each in a fresh home:
   floor  the bare build: the same source, patches, externals, torch and build requirements
@@ -21,7 +23,9 @@ floor, with no compiler launcher, sees absolute source paths (for timing, not fo
 --cache DIR keeps the cold leg's compiler cache (absent or empty at the start) for later
 builds, instead of a throwaway one. --quick runs the small package of tests/srcpkg.py as an
 sdist through the same code paths. Without --quick: pins/cpu-source.toml (an hour for each of
-floor and cold).
+floor and cold). --units FILE[:TEXT]... measures instead what the compiler cache costs on a
+miss, unit by unit: the tree configured as the floor's is, then each named compile as Ninja
+runs it, bare and through ccache into an empty cache, alternating, paired.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,7 +49,7 @@ from oracle_build.contracts.pins import load_pin  # noqa: E402
 from oracle_build.core import layout, proc  # noqa: E402
 from oracle_build.core.log import Steps  # noqa: E402
 from oracle_build.oracle.inventory import compiled_files  # noqa: E402
-from oracle_build.recipe.model import BuildState  # noqa: E402
+from oracle_build.recipe.model import BuildState, Plan  # noqa: E402
 from oracle_build.recipe.plan import plan as make_plan  # noqa: E402
 
 Compiled = dict[str, str]
@@ -101,29 +106,50 @@ def timed_build(pin: Path, home: Path, cache: Path, externals: Path | None,
     return seconds
 
 
-def floor(pin_path: Path, home: Path, externals: Path | None,
-          wheelhouse: Path | None) -> tuple[float, Compiled]:
-    """The tool's own steps prepare the staging folder up to the wheel (not timed); then the
-    plan's wheel command without a compiler launcher and the plan's install commands, each
-    run as a person would run them (timed)."""
+@dataclass
+class Prepared:
+    plan: Plan
+    state: BuildState
+    wheel: proc.Cmd  # the plan's wheel command
+    env: dict[str, str]  # its environment without the compiler launcher, the cache disabled
+    cache_env: dict[str, str]  # the plan's CCACHE_* settings
+
+
+def prepare(pin_path: Path, home: Path, externals: Path | None, wheelhouse: Path | None,
+            label: str) -> Prepared:
+    """The tool's own steps up to the wheel (not timed), and the plan's wheel command as a
+    person would run it: no compiler launcher, ccache off (setup.py adds `ccache` itself
+    when it finds one), the plan's flags (the path map among them) kept."""
     pin = load_pin(pin_path)
     target = next(iter(pin.model.targets))
     p = make_plan(pin, target, home=home, wheelhouse_root=wheelhouse or home / "wheelhouse",
-                     externals_dir=externals, compiler_cache=False)
+                  externals_dir=externals, compiler_cache=False)
     names = [s.name for s in p.steps]
     p.staging.mkdir(parents=True)
-    p.log.write_text("# benchmarks/source_build.py: floor\n")
+    p.log.write_text(f"# benchmarks/source_build.py: {label}\n")
     state = BuildState(p, Steps(len(p.steps)))
     for step in p.steps[:names.index("wheel")]:
         with state.steps.step(step.name):
             step.action(state, step)
     wheel_cmd = p.steps[names.index("wheel")].commands[0]
-    env = wheel_cmd.environment()
+    full = wheel_cmd.environment()
+    env = {k: v for k, v in full.items() if not k.startswith("CCACHE_")}
     env["CMAKE_ARGS"] = " ".join(a for a in env.get("CMAKE_ARGS", "").split()
                                  if "_COMPILER_LAUNCHER=" not in a)
-    for key in [k for k in env if k.startswith("CCACHE_")]:
-        del env[key]
-    env["CCACHE_DISABLE"] = "1"  # setup.py adds `ccache` itself when it finds one
+    env["CCACHE_DISABLE"] = "1"
+    return Prepared(p, state, wheel_cmd, env,
+                    {k: v for k, v in full.items() if k.startswith("CCACHE_")})
+
+
+def floor(pin_path: Path, home: Path, externals: Path | None,
+          wheelhouse: Path | None) -> tuple[float, Compiled]:
+    """The tool's own steps prepare the staging folder up to the wheel (not timed); then the
+    plan's wheel command without a compiler launcher and the plan's install commands, each
+    run as a person would run them (timed)."""
+    ready = prepare(pin_path, home, externals, wheelhouse, "floor")
+    p, state, wheel_cmd, env = ready.plan, ready.state, ready.wheel, ready.env
+    pin = p.pin
+    names = [s.name for s in p.steps]
     start = time.monotonic()
     proc.run(wheel_cmd.argv, env=env, log=p.log, what="pip wheel (floor)")
     for cmd in p.steps[names.index("install")].commands:
@@ -150,24 +176,8 @@ def units(pin_path: Path, home: Path, externals: Path | None, wheelhouse: Path |
 
     from oracle_build.recipe.model import CONFIGURED
 
-    pin = load_pin(pin_path)
-    target = next(iter(pin.model.targets))
-    p = make_plan(pin, target, home=home, wheelhouse_root=wheelhouse or home / "wheelhouse",
-                  externals_dir=externals, compiler_cache=False)
-    names_ = [s.name for s in p.steps]
-    p.staging.mkdir(parents=True)
-    p.log.write_text("# benchmarks/source_build.py: units\n")
-    state = BuildState(p, Steps(len(p.steps)))
-    for step in p.steps[:names_.index("wheel")]:
-        with state.steps.step(step.name):
-            step.action(state, step)
-    wheel_cmd = p.steps[names_.index("wheel")].commands[0]
-    env = wheel_cmd.environment()
-    cache_env = {k: v for k, v in env.items() if k.startswith("CCACHE_")}
-    env = {k: v for k, v in env.items() if not k.startswith("CCACHE_")}
-    env["CMAKE_ARGS"] = " ".join(a for a in env.get("CMAKE_ARGS", "").split()
-                                 if "_COMPILER_LAUNCHER=" not in a)
-    env["CCACHE_DISABLE"] = "1"
+    ready = prepare(pin_path, home, externals, wheelhouse, "units")
+    p, wheel_cmd, env, cache_env = ready.plan, ready.wheel, ready.env, ready.cache_env
     proc.Live(wheel_cmd.argv, env=env, log=p.log, stop_at=CONFIGURED).finish(check=False)
     (build,) = (p.staging / "src" / "build").glob("temp.*")
     compdb = json.loads(subprocess.run([str(p.staging_venv / "bin" / "ninja"), "-C", str(build),
