@@ -305,7 +305,8 @@ def captured(cpu_oracle: BuiltOracle) -> Captured:
     from oracle_build.cli import main
 
     before = (TINY_SPEC / "golden.json").read_bytes()
-    evil = Path(tempfile.mkdtemp(prefix="evil-config-"))
+    # under the run's shared folder: removed with it
+    evil = Path(tempfile.mkdtemp(prefix="evil-config-", dir=os.environ[SHARED_ENV]))
     marker = evil / "ran"
     (evil / "evil.py").write_text(EVIL_PY.format(marker=str(marker)))
     (evil / "evil.json").write_text(jsonmod.dumps({
