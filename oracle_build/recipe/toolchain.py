@@ -159,6 +159,8 @@ MAPPED_TO = "."
 # a staging path the map can carry as one flag (CMake splits <LANG>FLAGS at whitespace, GCC
 # splits the map at '=', ccache splits ignore_options at spaces)
 MAPPABLE = re.compile(r"/[A-Za-z0-9._/+@:,~-]*")
+# the host compilers' flag variables (CMake reads them at configure), every device's
+HOST_FLAG_VARS = (("CFLAGS", "{flag}"), ("CXXFLAGS", "{flag}"))
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,7 @@ class PathMap:
 
     staging: Path
     # environment variable -> how that language's compiler is given the flag ({flag})
-    variables: tuple[tuple[str, str], ...] = (("CFLAGS", "{flag}"), ("CXXFLAGS", "{flag}"))
+    variables: tuple[tuple[str, str], ...]
 
     @property
     def flag(self) -> str:
@@ -193,7 +195,7 @@ def path_map(staging: Path, variables: tuple[tuple[str, str], ...] = ()) -> Path
                                    "character a compiler flag cannot carry (a space, '=', a "
                                    "quote, ...): source builds need a home whose path is "
                                    "letters, digits and ._/+@:,~-")])
-    return PathMap(staging, (("CFLAGS", "{flag}"), ("CXXFLAGS", "{flag}"), *variables))
+    return PathMap(staging, (*HOST_FLAG_VARS, *variables))
 
 
 # ----------------------------------------------------------------------------- ccache
