@@ -33,7 +33,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -88,7 +90,7 @@ def scratch_wheelhouse(source: Path | None, dest: Path) -> Path | None:
 
 
 def timed_build(pin: Path, home: Path, cache: Path, externals: Path | None,
-                wheelhouse: Path | None) -> float:
+                wheelhouse: Path | None) -> Leg:
     env = {**os.environ, "ORACLE_BUILD_COMPILER_CACHE": str(cache)}
     if wheelhouse is not None:
         env["ORACLE_BUILD_WHEELHOUSE"] = str(wheelhouse)
@@ -96,14 +98,49 @@ def timed_build(pin: Path, home: Path, cache: Path, externals: Path | None,
             str(home)]
     if externals is not None:
         argv += ["--externals", str(externals)]
-    start = time.monotonic()
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True,
-                          text=True, check=False)
-    seconds = time.monotonic() - start
+    with Meter() as m:
+        done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True,
+                              text=True, check=False)
     if done.returncode != 0 or "ORACLE_IDENTITY_OK" not in done.stdout:
         raise SystemExit(f"build of {pin} in {home} exited {done.returncode}:\n"
                          f"{done.stderr[-3000:]}")
-    return seconds
+    return m.leg
+
+
+@dataclass
+class Leg:
+    """One timed leg: its wall time, the CPU time its processes used (user and system, every
+    descendant waited for), and the time this virtual machine's CPUs were taken by its host
+    while it ran (``steal`` in /proc/stat: when it grows, the wall time says more about the
+    neighbours than about the build)."""
+
+    wall: float
+    cpu: float
+    steal: float
+
+
+def _steal() -> float:
+    """The machine's CPU time stolen so far, in seconds (0 where /proc/stat does not say)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK") if fields[0] == "cpu" else 0.0
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class Meter:
+    """Measures a leg: ``with Meter() as m: ...`` then ``m.leg``."""
+
+    def __enter__(self) -> Meter:
+        self._t, self._s = time.monotonic(), _steal()
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self._c = r.ru_utime + r.ru_stime
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.leg = Leg(time.monotonic() - self._t, r.ru_utime + r.ru_stime - self._c,
+                       _steal() - self._s)
 
 
 @dataclass
@@ -142,7 +179,7 @@ def prepare(pin_path: Path, home: Path, externals: Path | None, wheelhouse: Path
 
 
 def floor(pin_path: Path, home: Path, externals: Path | None,
-          wheelhouse: Path | None) -> tuple[float, Compiled]:
+          wheelhouse: Path | None) -> tuple[Leg, Compiled]:
     """The tool's own steps prepare the staging folder up to the wheel (not timed); then the
     plan's wheel command without a compiler launcher and the plan's install commands, each
     run as a person would run them (timed)."""
@@ -150,18 +187,17 @@ def floor(pin_path: Path, home: Path, externals: Path | None,
     p, state, wheel_cmd, env = ready.plan, ready.state, ready.wheel, ready.env
     pin = p.pin
     names = [s.name for s in p.steps]
-    start = time.monotonic()
-    proc.run(wheel_cmd.argv, env=env, log=p.log, what="pip wheel (floor)")
-    for cmd in p.steps[names.index("install")].commands:
-        if "-r" in cmd.argv:  # the lock's list, as the install step writes it
-            from oracle_build.recipe.steps import write_lock_requirements
+    with Meter() as m:
+        proc.run(wheel_cmd.argv, env=env, log=p.log, what="pip wheel (floor)")
+        for cmd in p.steps[names.index("install")].commands:
+            if "-r" in cmd.argv:  # the lock's list, as the install step writes it
+                from oracle_build.recipe.steps import write_lock_requirements
 
-            write_lock_requirements(state, exclude={"vllm"})
-        proc.run_cmd(cmd, log=p.log)
-    seconds = time.monotonic() - start
+                write_lock_requirements(state, exclude={"vllm"})
+            proc.run_cmd(cmd, log=p.log)
     compiled = compiled_files(p.staging_venv, pin.model.vllm.distribution)
     shutil.rmtree(p.staging, ignore_errors=True)
-    return seconds, compiled
+    return m.leg, compiled
 
 
 def units(pin_path: Path, home: Path, externals: Path | None, wheelhouse: Path | None,
@@ -215,9 +251,10 @@ def units(pin_path: Path, home: Path, externals: Path | None, wheelhouse: Path |
     return out
 
 
-def leg_done(leg: str, n: int, seconds: float) -> None:
-    """Each leg's figure as soon as it is measured (a later leg that fails loses nothing)."""
-    print(f"  round {n + 1} {leg}: {fmt([seconds])}", flush=True)
+def leg_done(leg: str, n: int, m: Leg) -> None:
+    """Each leg's figures as soon as they are measured (a later leg that fails loses nothing)."""
+    print(f"  round {n + 1} {leg}: {m.wall:.1f} s wall, {m.cpu:.1f} s CPU, {m.steal:.1f} s "
+          "stolen", flush=True)
 
 
 def compare(legs: dict[str, Compiled]) -> list[str]:
@@ -241,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pin", default=str(REPO / "pins" / "cpu-source.toml"))
     ap.add_argument("--externals", help="the externals' local sources (--externals of build)")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="rounds of floor, cold and warm (each is two hours for vLLM)")
+                    help="rounds of floor, cold and warm (about an hour each for vLLM; the order alternates: floor, cold, warm, then cold, warm, floor)")
     ap.add_argument("--wheelhouse", default=str(layout.default_wheelhouse(
         layout.default_home())), help="where the locked wheels and the source archive are "
         "kept between rounds (default: the default home's)")
@@ -254,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                     "these translation units (bare and through ccache, paired, --rounds 3 "
                     "by default), e.g. csrc/cpu/utils.cpp:_C.dir (with --quick: csrc/ops.c)")
     args = ap.parse_args(argv)
-    times: dict[str, list[float]] = {"floor": [], "cold": [], "warm": []}
+    legs: dict[str, list[Leg]] = {"floor": [], "cold": [], "warm": []}
+    ratios: list[float] = []
     bytes_lines: list[str] = []
     kept = Path(args.cache).resolve() if args.cache else None
     if kept is not None and kept.exists() and any(kept.iterdir()):
@@ -270,42 +308,56 @@ def main(argv: list[str] | None = None) -> int:
             sdist = make_sdist(root / "sdist")
             pin, externals, wheelhouse = write_sdist_pin(sdist), sdist.externals, None
         if args.units:
-            measured = units(pin, root / "units", externals, scratch_wheelhouse(
+            per_unit = units(pin, root / "units", externals, scratch_wheelhouse(
                 wheelhouse, root / "wh-units") if wheelhouse else None, args.units,
                 max(args.rounds, 3))
             print(f"compiler cache on a miss, per unit ({max(args.rounds, 3)} rounds each, "
                   "alternating)")
-            for want, bare, cached in measured:
+            for want, bare, cached in per_unit:
                 mb, mc = sorted(bare)[len(bare) // 2], sorted(cached)[len(cached) // 2]
                 print(f"  {want}: bare {fmt(bare)}; ccache {fmt(cached)}; "
                       f"ccache / bare: {mc / mb:.3f}x")
             return 0
         for n in range(args.rounds):
-            seconds, floor_bytes = floor(pin, root / f"floor-{n}", externals,
-                                         scratch_wheelhouse(wheelhouse, root / f"wh-floor-{n}"))
-            times["floor"].append(seconds)
-            leg_done("floor", n, seconds)
+            floor_home = root / f"floor-{n}"
             cache = kept if kept is not None and n == 0 else root / f"ccache-{n}"
             cold, warm = root / f"cold-{n}", root / "elsewhere" / "at-a-longer-path" / f"warm-{n}"
-            times["cold"].append(timed_build(pin, cold, cache, externals, scratch_wheelhouse(
-                wheelhouse, root / f"wh-cold-{n}")))
-            leg_done("cold", n, times["cold"][-1])
-            times["warm"].append(timed_build(pin, warm, cache, externals, scratch_wheelhouse(
-                wheelhouse, root / f"wh-warm-{n}")))
-            leg_done("warm", n, times["warm"][-1])
+            # the order alternates, round by round: a machine that slows (or speeds up) over
+            # an hour then weighs on each leg alike, and a round's two legs stay neighbours
+            order = ["floor", "cold", "warm"] if n % 2 == 0 else ["cold", "warm", "floor"]
+            print(f"round {n + 1}: {', '.join(order)}", flush=True)
+            for leg in order:
+                wh = scratch_wheelhouse(wheelhouse, root / f"wh-{leg}-{n}")
+                if leg == "floor":
+                    measured, floor_bytes = floor(pin, floor_home, externals, wh)
+                else:
+                    measured = timed_build(pin, cold if leg == "cold" else warm, cache,
+                                           externals, wh)
+                legs[leg].append(measured)
+                leg_done(leg, n, legs[leg][-1])
+            ratio = legs["cold"][-1].wall / legs["floor"][-1].wall
+            ratios.append(ratio)
+            print(f"  round {n + 1} cold / floor: {ratio:.3f}x", flush=True)
             bytes_lines.append(f"  round {n + 1}, compiled files (sha256):")
             bytes_lines += compare({"cold": built(pin, cold), "warm": built(pin, warm),
                                     "floor": floor_bytes})
-            for home in (root / f"floor-{n}", cold, warm, *root.glob(f"wh-*-{n}")):
+            for home in (floor_home, cold, warm, *root.glob(f"wh-*-{n}")):
                 shutil.rmtree(home, ignore_errors=True)
             if cache != kept:
                 shutil.rmtree(cache, ignore_errors=True)
     print(f"source build of {load_pin(pin).id if not args.quick else 'the small sdist'}, "
           f"{args.rounds} round(s)")
-    for key, xs in times.items():
-        print(f"  {key:<6} {fmt(xs)}")
-    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-    print(f"  cold / floor: {med['cold'] / med['floor']:.3f}x (target <= 1.05x)")
+    for key, xs in legs.items():
+        print(f"  {key:<6} {fmt([x.wall for x in xs])}")
+    for key, xs in legs.items():
+        print(f"  {key:<6} cpu {fmt([x.cpu for x in xs])}; steal "
+              f"{', '.join(f'{x.steal:.1f}' for x in xs)} s")
+    med = {k: statistics.median(x.wall for x in v) for k, v in legs.items()}
+    cpu = {k: statistics.median(x.cpu for x in v) for k, v in legs.items()}
+    print(f"  cold / floor: {med['cold'] / med['floor']:.3f}x (target <= 1.05x); "
+          f"round by round: {', '.join(f'{r:.3f}x' for r in ratios)}; "
+          f"median of the rounds: {statistics.median(ratios):.3f}x")
+    print(f"  cold / floor, CPU time: {cpu['cold'] / cpu['floor']:.3f}x")
     print(f"  warm / cold:  {med['warm'] / med['cold']:.3f}x (target <= 0.10x)")
     print("\n".join(bytes_lines))
     return 0
