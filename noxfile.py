@@ -300,7 +300,8 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff and mypy --strict over the package."""
+    """ruff over the package, its tests and benchmarks; mypy --strict over the package and
+    the benchmarks."""
     _harness(session, "-e", ".[dev]")
     _run(session, "ruff", "check", "oracle_build", "tests", "noxfile.py", "benchmarks")
     _run(session, "mypy")

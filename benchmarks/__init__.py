@@ -4,6 +4,7 @@ one way they print a duration."""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 
 def seconds(x: float) -> str:
@@ -16,3 +17,11 @@ def fmt(xs: list[float]) -> str:
     """The median of some runs, then each run: ``median   1.23 s  (runs: 1.20, 1.23)``."""
     return (f"median {seconds(statistics.median(xs)):>7} s  "
             f"(runs: {', '.join(seconds(x) for x in xs)})")
+
+
+def neutral_dir(work: Path) -> Path:
+    """An empty folder to start an oracle's python in (nothing importable beside it), inside
+    the benchmark's own work folder: every run used to leave one in /tmp."""
+    folder = work / "neutral"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from packaging.utils import parse_wheel_filename  # noqa: E402
 
-from benchmarks import fmt  # noqa: E402
+from benchmarks import fmt, neutral_dir  # noqa: E402
 from oracle_build.cache.ref import parse, tag_for  # noqa: E402
 from oracle_build.cache.registry import Registry  # noqa: E402
 from oracle_build.cache.signing import generate  # noqa: E402
@@ -117,12 +117,12 @@ def main() -> int:
                   for d in manifest["layers"]]
         req = work / "req.txt"
         # what the recovery installs: the artifact's wheels, each by its layer's digest
-        wheels = [(parse_wheel_filename(title), digest) for title, digest in layers]
+        parsed = [(parse_wheel_filename(title), digest) for title, digest in layers]
         req.write_text("".join(
             LockEntry(str(name), str(version), (digest.removeprefix("sha256:"),))
-            .requirement_line() + "\n" for (name, version, _b, _t), digest in wheels))
+            .requirement_line() + "\n" for (name, version, _b, _t), digest in parsed))
         env = {**envmod.build_env(), **envmod.UV}
-        neutral = Path(tempfile.mkdtemp(prefix="neutral-"))
+        neutral = neutral_dir(work)
         rs: list[float] = []
         fs: list[float] = []
         for n in range(args.runs):

@@ -37,7 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks import fmt  # noqa: E402
+from benchmarks import fmt, neutral_dir  # noqa: E402
 from oracle_build.contracts.lock import LockEntry  # noqa: E402
 from oracle_build.contracts.pins import load_pin  # noqa: E402
 from oracle_build.core import env as envmod  # noqa: E402
@@ -144,7 +144,7 @@ def main() -> int:
 
     if args.identity_only:
         measure_identity(pin, target, layout.oracle_path(layout.default_home(), pin.key),
-                         args.runs, Path(tempfile.mkdtemp(prefix="neutral-")),
+                         args.runs, neutral_dir(work),
                          {**envmod.build_env(), **envmod.UV}, results)
         (work / "results.json").write_text(json.dumps(results, indent=2))
         return 0
@@ -168,7 +168,7 @@ def main() -> int:
     # (b) rebuild from the wheelhouse and (c) the floor, paired: each round runs both
     req = work / "req.txt"  # written from the first rebuild's record
     env = {**envmod.build_env(), **envmod.UV}
-    neutral = Path(tempfile.mkdtemp(prefix="neutral-"))
+    neutral = neutral_dir(work)
     bs: list[float] = []
     cs: list[float] = []
     c0s: list[float] = []

@@ -278,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pin", default=str(REPO / "pins" / "cpu-source.toml"))
     ap.add_argument("--externals", help="the externals' local sources (--externals of build)")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="rounds of floor, cold and warm (about an hour each for vLLM; the order alternates: floor, cold, warm, then cold, warm, floor)")
+                    help="rounds of floor, cold and warm (about an hour each for vLLM; the "
+                    "order alternates: floor, cold, warm, then cold, warm, floor)")
     ap.add_argument("--wheelhouse", default=str(layout.default_wheelhouse(
         layout.default_home())), help="where the locked wheels and the source archive are "
         "kept between rounds (default: the default home's)")

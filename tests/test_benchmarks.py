@@ -172,13 +172,22 @@ def test_source_build_quick() -> None:
     and a warm one in another home; every figure and both ratios printed; the three legs'
     compiled bytes the same (the path map: the floor's compiler, with no ccache, is given
     absolute paths in a third home). Slow: three builds of a real package with real venvs."""
-    out = bench("source_build.py", "--quick")
+    out = bench("source_build.py", "--quick", "--rounds", "2")
     for label in ("floor", "cold", "warm"):
         figure(out, label)
+        figure(out, f"{label:<6} cpu")  # its CPU time, measured
+    # the second round runs its legs in the other order, and each round has its own ratio
+    assert "round 1: floor, cold, warm" in out and "round 2: cold, warm, floor" in out, out
+    assert out.index("round 2 cold:") < out.index("round 2 floor:"), out
+    figure(out, "round 1 cold / floor:", RATIO)
+    figure(out, "round 2 cold / floor:", RATIO)
     figure(out, "cold / floor:", RATIO)
+    figure(out, "cold / floor, CPU time:", RATIO)
     figure(out, "warm / cold:", RATIO)
+    assert re.search(r"median of the rounds: [0-9.]+x", out), out
     compiled = [line for line in out.splitlines() if line.startswith("    vllm/")]
-    assert compiled and all("same in cold, warm, floor" in line for line in compiled), out
+    assert len(compiled) == 2, out  # one compiled file, in each of two rounds
+    assert all("same in cold, warm, floor" in line for line in compiled), out
     # the compiler cache's cost on a miss, per translation unit, as Ninja runs the compile
     out = bench("source_build.py", "--quick", "--units", "csrc/ops.c")
     figure(out, "csrc/ops.c: bare")  # its median, in seconds
