@@ -89,24 +89,6 @@ def scratch_wheelhouse(source: Path | None, dest: Path) -> Path | None:
     return dest
 
 
-def timed_build(pin: Path, home: Path, cache: Path, externals: Path | None,
-                wheelhouse: Path | None) -> Leg:
-    env = {**os.environ, "ORACLE_BUILD_COMPILER_CACHE": str(cache)}
-    if wheelhouse is not None:
-        env["ORACLE_BUILD_WHEELHOUSE"] = str(wheelhouse)
-    argv = [sys.executable, "-m", "oracle_build", "build", "--pin", str(pin), "--home",
-            str(home)]
-    if externals is not None:
-        argv += ["--externals", str(externals)]
-    with Meter() as m:
-        done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True,
-                              text=True, check=False)
-    if done.returncode != 0 or "ORACLE_IDENTITY_OK" not in done.stdout:
-        raise SystemExit(f"build of {pin} in {home} exited {done.returncode}:\n"
-                         f"{done.stderr[-3000:]}")
-    return m.leg
-
-
 @dataclass
 class Leg:
     """One timed leg: its wall time, the CPU time its processes used (user and system, every
@@ -141,6 +123,24 @@ class Meter:
         r = resource.getrusage(resource.RUSAGE_CHILDREN)
         self.leg = Leg(time.monotonic() - self._t, r.ru_utime + r.ru_stime - self._c,
                        _steal() - self._s)
+
+
+def timed_build(pin: Path, home: Path, cache: Path, externals: Path | None,
+                wheelhouse: Path | None) -> Leg:
+    env = {**os.environ, "ORACLE_BUILD_COMPILER_CACHE": str(cache)}
+    if wheelhouse is not None:
+        env["ORACLE_BUILD_WHEELHOUSE"] = str(wheelhouse)
+    argv = [sys.executable, "-m", "oracle_build", "build", "--pin", str(pin), "--home",
+            str(home)]
+    if externals is not None:
+        argv += ["--externals", str(externals)]
+    with Meter() as m:
+        done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True,
+                              text=True, check=False)
+    if done.returncode != 0 or "ORACLE_IDENTITY_OK" not in done.stdout:
+        raise SystemExit(f"build of {pin} in {home} exited {done.returncode}:\n"
+                         f"{done.stderr[-3000:]}")
+    return m.leg
 
 
 @dataclass
@@ -241,10 +241,10 @@ def units(pin_path: Path, home: Path, externals: Path | None, wheelhouse: Path |
                     run_env = {**env, **cache_env, "CCACHE_DIR": str(folder)}
                     del run_env["CCACHE_DISABLE"]
                     cmd = [ccache, *argv]
-                start = time.monotonic()
-                subprocess.run(cmd, cwd=entry["directory"], env=run_env, check=True,
-                               stdout=subprocess.DEVNULL)
-                (cached if kind == "ccache" else bare).append(time.monotonic() - start)
+                with Meter() as m:
+                    subprocess.run(cmd, cwd=entry["directory"], env=run_env, check=True,
+                                   stdout=subprocess.DEVNULL)
+                (cached if kind == "ccache" else bare).append(m.leg.wall)
                 shutil.rmtree(folder, ignore_errors=True)
         out.append((want, bare, cached))
     shutil.rmtree(p.staging, ignore_errors=True)
@@ -315,9 +315,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"compiler cache on a miss, per unit ({max(args.rounds, 3)} rounds each, "
                   "alternating)")
             for want, bare, cached in per_unit:
-                mb, mc = sorted(bare)[len(bare) // 2], sorted(cached)[len(cached) // 2]
-                print(f"  {want}: bare {fmt(bare)}; ccache {fmt(cached)}; "
-                      f"ccache / bare: {mc / mb:.3f}x")
+                print(f"  {want}: bare {fmt(bare)}; ccache {fmt(cached)}; ccache / bare: "
+                      f"{statistics.median(cached) / statistics.median(bare):.3f}x")
             return 0
         for n in range(args.rounds):
             floor_home = root / f"floor-{n}"

@@ -498,7 +498,6 @@ def test_what_a_built_wheel_requires_is_read_against_the_lock(tmp_path: Path) ->
     assert out[2] == "nosuchpkg>=1 (not in the lock)"
 
 
-
 def test_each_devices_compiler_is_given_the_path_map() -> None:
     """nvcc takes the map through -Xcompiler (CUDAFLAGS), hipcc as it is (HIPFLAGS), beside
     the host compilers' CFLAGS and CXXFLAGS; ccache leaves each form out of its keys. (The
