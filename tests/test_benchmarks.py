@@ -100,6 +100,8 @@ def test_speed_and_recovery_quick(cpu_oracle: BuiltOracle, host_golden: Path,
     figure(out, "(d') identity --deep", RATIO)
     figure(out, "ratio: ", RATIO)
     figure(out, "ratio (b)/(c)", RATIO)
+    # the oracle's python started in a folder of the run's own, not one left in /tmp
+    assert (tmp_path / "work" / "recovery" / "neutral").is_dir()
     shutil.rmtree(tmp_path / "work", ignore_errors=True)
 
 
@@ -125,6 +127,7 @@ def test_cache_quick(small_oracle: SmallOracle, tmp_path: Path) -> None:
         line = next(ln for ln in out.splitlines() if ln.startswith(label))
         assert re.search(r"[0-9]+ MB", line), line
     assert "same size" in out
+    assert (tmp_path / "work" / "neutral").is_dir()  # the floor's start folder, not in /tmp
 
 
 @pytest.mark.slow
