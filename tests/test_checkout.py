@@ -210,6 +210,9 @@ def tree_pin(tmp_path: Path, *, rust: str | None = "build") -> Path:
     block = externals.externals_block(TREE, device="cuda", machine="aarch64",
                                      mirrors=tmp_path / "mirrors")
     assert not block.missing and commits
+    for name, (_var, tag) in CUDA_EXTERNALS.items():
+        if len(tag) == 40:  # a commit the tree names: its mirror is where the plan looks
+            (tmp_path / "mirrors" / name).mkdir(exist_ok=True)
     text = GPU_PIN.read_text()
     text = text[:text.index("[[externals]]")] + text[text.index("[targets."):]
     text = text.replace('rust_frontend = "skip"\n', f'rust_frontend = "{rust}"\n' if rust else "")

@@ -35,16 +35,26 @@ def wheel_cmd(p: recipe.Plan) -> Cmd:
 def test_gpu_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str, arch: str,
                   sm: str) -> None:
     monkeypatch.setenv("VLLM_USE_PRECOMPILED", "0")  # even "0" must not reach the build
-    p = plan_for(established_gpu_pin(tmp_path), target, tmp_path,
-                 externals_dir=tmp_path / "mirrors")
+    pin = established_gpu_pin(tmp_path)
+    mirrors = tmp_path / "mirrors"
+    for name in ("cutlass", "vllm-flash-attn", "flashmla", "qutlass", "triton_kernels",
+                 "deepgemm"):
+        (mirrors / name).mkdir(parents=True)  # one a git mirror would be (plan: present)
+    p = plan_for(pin, target, tmp_path, externals_dir=mirrors)
     assert not [b for s in p.steps for b in s.blocked_by]
     cmd = wheel_cmd(p)
     assert cmd.env["TORCH_CUDA_ARCH_LIST"] == arch
-    # the pin's CMake arguments, then nvcc (and the host compilers) through the compiler cache
+    # the pin's CMake arguments, then nvcc (and the host compilers) through the compiler
+    # cache, nvcc itself being oracle-build's launcher in front of the host's toolkit
     launcher = p.compiler_cache.ccache if p.compiler_cache and p.compiler_cache.active else ""
+    assert p.toolkit is not None and p.toolkit.lock is None
     assert cmd.env["CMAKE_ARGS"] == ("-DFETCHCONTENT_FULLY_DISCONNECTED=ON "
                                      "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON ") + " ".join(
-        f"-DCMAKE_{lang}_COMPILER_LAUNCHER={launcher}" for lang in ("C", "CXX", "CUDA"))
+        f"-DCMAKE_{lang}_COMPILER_LAUNCHER={launcher}" for lang in ("C", "CXX", "CUDA")) + \
+        f" -DCMAKE_CUDA_COMPILER={p.toolkit.launcher}"
+    assert cmd.env["ORACLE_BUILD_NVCC_PREFIX_MAP"] == f"{p.staging};{p.toolkit.folder}"
+    assert [s.name for s in p.steps].index("toolkit") < [s.name for s in p.steps].index(
+        "wheel")
     assert cmd.env["VLLM_TARGET_DEVICE"] == "cuda"
     assert cmd.env["CMAKE_BUILD_TYPE"] == "Release"
     assert cmd.env["CUDA_HOME"] == "/usr/local/cuda"

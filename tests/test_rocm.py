@@ -34,6 +34,7 @@ HOST_ID = "host-x86_64-unknown-linux-gnu-"
 
 def rocm_plan(tmp_path: Path) -> Plan:
     pin = load_pin(established_gpu_pin(tmp_path))
+    (tmp_path / "mirrors" / "triton_kernels").mkdir(parents=True, exist_ok=True)  # its mirror
     return recipe.plan(pin, "gfx1100", home=tmp_path / "home", wheelhouse_root=tmp_path / "wh",
                        externals_dir=tmp_path / "mirrors")
 

@@ -10,6 +10,7 @@ from oracle_build.commands import (
     build,
     capture,
     compare,
+    cudakernels,
     diff,
     explain,
     externals,
@@ -27,5 +28,6 @@ from oracle_build.commands import (
 
 # in the order `--help` lists them
 COMMANDS: tuple[ModuleType, ...] = (build, identity, push, pull, listing, keygen, lock,
-                                    externals, capture, verify, numerics, diff, analyze,
+                                    externals, cudakernels,
+                                    capture, verify, numerics, diff, analyze,
                                     compare, vllmcpp, explain, schema)

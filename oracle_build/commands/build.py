@@ -70,6 +70,14 @@ def register(sub: Subparsers) -> None:
                    "one's, byte for byte, naming the ELF sections of any that differ; exit 0 "
                    "(ORACLE_REPRODUCED) only when all are identical, 19 when not; the scratch "
                    "build removed (as long as a cold build: an hour for vLLM on 2 cores)")
+    b.add_argument("--no-gpu", action="store_true",
+                   help="a GPU target on a host without its GPU (never implied: without it "
+                   "such a host is refused): every step and check runs but the device ones "
+                   "(the driver, the GPU's name and capability, the kernel check on the "
+                   "GPU); the compiled-arch check still holds the built libraries to the "
+                   "target's. "
+                   "Its last line names the checks that did not run; it never prints "
+                   "ORACLE_IDENTITY_OK. The first identity check on the gate host runs them")
     b.add_argument("--no-wait", action="store_true",
                    help="if another build of this pin holds the lock, fail instead of waiting")
     add_cache_args(b, required=False)
@@ -90,7 +98,7 @@ def run_build(args: argparse.Namespace) -> int:
                         checkout=Path(args.checkout).resolve() if args.checkout else None,
                         compiler_cache=not args.no_compiler_cache, stop_after=args.stop_after,
                         reuse_built=not (args.stop_after or args.recompile
-                                         or args.no_compiler_cache))
+                                         or args.no_compiler_cache), no_gpu=args.no_gpu)
         if args.json:
             print(json.dumps(p.as_dict(), indent=2))
         else:

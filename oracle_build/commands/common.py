@@ -98,7 +98,8 @@ def pin_and_target(args: argparse.Namespace, *, plan_only: bool = False) -> tupl
             return pin, args.target
         return pin, devices.choose_target(pin, host.host()) if len(pin.model.targets) != 1 \
             else next(iter(pin.model.targets))
-    return pin, devices.choose_target(pin, host.host(), args.target)
+    return pin, devices.choose_target(pin, host.host(), args.target,
+                                      no_gpu=getattr(args, "no_gpu", False))
 
 
 def homes(args: argparse.Namespace) -> tuple[Path, Path]:

@@ -33,6 +33,7 @@ from oracle_build.contracts.base import (
     dist_name,
     safe_name,
 )
+from oracle_build.contracts.cudatoolkit import load_toolkit
 from oracle_build.contracts.lock import LockEntry, parse_lock
 from oracle_build.core.errors import BadInput, Unestablished
 from oracle_build.core.files import load_toml, read_bytes, read_text, sha256_bytes, validate
@@ -291,6 +292,10 @@ class CudaTarget(TargetBase):
     torch_cuda_arch_list: str
     # the sm_XX code the built libraries must contain, and nothing else
     expected_sm: Annotated[list[SmCode], Field(min_length=1)]
+    # the CUDA toolkit: a lock of NVIDIA's toolkit wheels beside the pin
+    # (pins/toolkits/<name>.toml, contracts/cudatoolkit.py), installed into the home; unset: the
+    # host's, under build_env's CUDA_HOME, named in the record by its tools' sha256
+    toolkit: Annotated[str, AfterValidator(lambda v: _relative_file(v))] | None = None
 
 
 class RocmTarget(TargetBase):
@@ -675,6 +680,26 @@ def hashed_form(model: PinModel) -> dict[str, Any]:
     return data
 
 
+def toolkit_path(pin_path: Path, target: Target) -> Path | None:
+    """A CUDA target's toolkit lock, inside the pin's folder (checked when loaded)."""
+    name = getattr(target, "toolkit", None)
+    return pin_path.parent / name if isinstance(name, str) else None
+
+
+def _toolkit_digests(model: PinModel, path: Path) -> list[tuple[str, str]]:
+    out = []
+    for name, target in sorted(model.targets.items()):
+        lock = toolkit_path(path, target)
+        if lock is None:
+            continue
+        if lock.resolve().parent.is_relative_to(path.parent.resolve()) is False or \
+                not lock.is_file():
+            raise BadInput(path, [(f"targets.{name}.toolkit", f"{lock} is not a file inside "
+                                   "the pin's folder")])
+        out.append((name, load_toolkit(lock).digest))
+    return out
+
+
 def load_pin(path: Path, *, check_lock: bool = True) -> Pin:
     path = Path(path)
     data = load_toml(path)
@@ -696,5 +721,7 @@ def load_pin(path: Path, *, check_lock: bool = True) -> Pin:
         lock_digest = sha256_bytes(read_text(lock_path).encode())
     _check_patches(model, path)
     canonical = json.dumps(hashed_form(model), sort_keys=True)
+    for name, digest in _toolkit_digests(model, path):  # a toolkit lock is part of the pin
+        canonical += f"\ntoolkit {name} {digest}"
     content_hash = sha256_bytes((canonical + "\n" + lock_digest).encode())
     return Pin(model, path.resolve(), tuple(entries) if entries else None, content_hash)

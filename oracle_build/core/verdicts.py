@@ -18,6 +18,8 @@ from oracle_build.core.errors import LOOKS_LIKE_VERDICT, as_data
 
 IDENTITY_OK = "ORACLE_IDENTITY_OK"
 IDENTITY_MISMATCH = "ORACLE_IDENTITY_MISMATCH"
+# every check run passed, but the device's own did not run (build_oracle --no-gpu): never OK
+IDENTITY_INCOMPLETE = "ORACLE_IDENTITY_INCOMPLETE"
 NUMERICS_OK = "ORACLE_NUMERICS_OK"
 NUMERICS_DRIFT = "ORACLE_NUMERICS_DRIFT"
 NUMERICS_NOT_HELD = "ORACLE_NUMERICS_NOT_HELD"
@@ -33,9 +35,16 @@ UNRECORDED_BANNER = "CONFIGURATION UNRECORDED: NOT ADJUDICABLE"
 VERDICT = LOOKS_LIKE_VERDICT
 
 
-def identity(ok: bool) -> str:
-    """The identity block's last line (mismatches follow a MISMATCH line, indented)."""
-    return IDENTITY_OK if ok else IDENTITY_MISMATCH
+def identity(ok: bool, skipped: tuple[str, ...] = ()) -> str:
+    """The identity block's last line (mismatches follow a MISMATCH line, indented). With
+    checks that did not run (``skipped``: the device's own words for them, constants of
+    the device module), a pass is INCOMPLETE and names them: never OK."""
+    if not ok:
+        return IDENTITY_MISMATCH
+    if skipped:
+        return (f"{IDENTITY_INCOMPLETE}: every check ran and passed but the device's, which "
+                f"need the GPU (--no-gpu): {'; '.join(skipped)}")
+    return IDENTITY_OK
 
 
 def reproduced(same: bool, files: int) -> str:

@@ -109,22 +109,30 @@ def variant_mismatches(target: Target, kernels: dict[str, Any], held: Hold) -> l
     return module(target).variant_mismatches(held, kernels)
 
 
-def fits(target: Target, h: Host) -> tuple[bool, str]:
-    """Whether ``target`` can run on host ``h``, and why not."""
+def fits(target: Target, h: Host, *, no_gpu: bool = False) -> tuple[bool, str]:
+    """Whether ``target`` can run on host ``h``, and why not. ``no_gpu``: built here, run
+    on its GPU elsewhere: only the machine must be the target's (no cross-compiling)."""
     if target.machine != h.machine:
         return False, f"needs an {target.machine} host, this one is {h.machine}"
+    if no_gpu:
+        return True, "built without its GPU (--no-gpu)"
     return module(target).fits(target, h)
 
 
-def choose_target(pin: Pin, h: Host, requested: str | None = None) -> str:
+def choose_target(pin: Pin, h: Host, requested: str | None = None, *,
+                  no_gpu: bool = False) -> str:
     """The pin's target for this host; refuses, naming the pin's targets, when none fits.
-    A GPU target that fits comes before a CPU one."""
+    A GPU target that fits comes before a CPU one. ``no_gpu`` needs the target named."""
+    if no_gpu and requested is None:
+        raise PreflightFailed("--no-gpu builds the target it is given: name it (--target)")
     if requested is not None:
-        ok, why = fits(pin.target(requested), h)
+        ok, why = fits(pin.target(requested), h, no_gpu=no_gpu)
         if not ok:
             raise PreflightFailed(
                 f"target {requested!r} of pin {pin.id} does not fit this host: {why}",
-                hint="--dry-run plans any target on any host; building needs the hardware",
+                hint="--dry-run plans any target on any host; building needs the hardware"
+                + ("" if no_gpu or not module(pin.target(requested)).GPU else
+                   "; a GPU target compiles without its GPU with --no-gpu"),
             )
         return requested
     reasons = []

@@ -71,6 +71,9 @@ class Build(Protocol):
     @property
     def from_source(self) -> bool: ...
 
+    @property
+    def no_gpu(self) -> bool: ...
+
 
 @dataclass(frozen=True)
 class Hold:
@@ -121,6 +124,11 @@ class Device:
     # the flag variables (beside CFLAGS and CXXFLAGS) through which a source build gives this
     # device's compiler the staging folder's path map, and the form it takes ({flag})
     PATH_MAP_VARS: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # whether a source build of this device compiles with a toolkit the recipe prepares
+    # (recipe/cuda/toolkit.py: a lock's wheels or the host's, and the compiler's launcher)
+    BUILD_TOOLKIT: ClassVar[bool] = False
+    # the checks only the device itself can answer, in words: what --no-gpu does not run
+    DEVICE_CHECKS: ClassVar[tuple[str, ...]] = ()
     # the build variables of this device the compile's command lines depend on (recorded
     # with the toolchain)
     BUILD_FLAG_VARS: ClassVar[tuple[str, ...]] = ("VLLM_TARGET_DEVICE",)
@@ -128,6 +136,10 @@ class Device:
     def build_env(self, target: Target, env: dict[str, str]) -> None:
         """Add to the wheel build's environment (the pin's and the target's build_env
         already in it) what the target's own fields imply."""
+
+    def toolkit_home(self, build_env: Mapping[str, str]) -> str | None:
+        """Where the host's toolkit is, by the build's environment (BUILD_TOOLKIT devices)."""
+        return None
 
     def preflight(self, plan: Build, facts: dict[str, Any], h: Host) -> None:
         """Refuse a build this host cannot do (PreflightFailed); record what was checked."""

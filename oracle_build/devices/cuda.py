@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Mapping
 from os import environ
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -62,6 +63,9 @@ def cuobjdump_sm(paths: list[str], cuobjdump: str | None = None) -> list[str]:
     found: set[str] = set()
     for path in paths:
         listing = proc.query([exe, "--list-elf", path], timeout=300)
+        if not listing.ok and "does not contain device code" not in listing.output:
+            raise BuildFailed(f"{exe} --list-elf {path} failed (exit {listing.returncode})",
+                              details=listing.output.strip().splitlines()[-3:])
         found.update(re.findall(r"\.(sm_\d+[af]?)\.", listing.output))
     return sorted(found)
 
@@ -90,27 +94,48 @@ class Cuda(Device):
     )
     PREFLIGHT_ABOUT = "nvcc and driver"
     LAUNCHER_LANGS = ("C", "CXX", "CUDA")
-    # nvcc hands host-compiler flags on through -Xcompiler (CMake reads CUDAFLAGS)
-    PATH_MAP_VARS = (("CUDAFLAGS", "-Xcompiler={flag}"),)
+    # no PATH_MAP_VARS: nvcc's map (and what else keeps its objects free of folders and
+    # process ids) is added by oracle-build's nvcc launcher, the CMAKE_CUDA_COMPILER
+    # (recipe/cuda/launcher.py), out of ccache's sight
     BUILD_FLAG_VARS = ("VLLM_TARGET_DEVICE", "TORCH_CUDA_ARCH_LIST", "NVCC_THREADS", "CUDA_HOME")
+    BUILD_TOOLKIT = True
+    DEVICE_CHECKS = ("nvidia-smi (the driver)", "the GPU's name and compute capability",
+                     "the rms_norm check on the GPU")
+
+    def toolkit_home(self, build_env: Mapping[str, str]) -> str | None:
+        return build_env.get("CUDA_HOME")
 
     def build_env(self, target: Target, env: dict[str, str]) -> None:
         env["TORCH_CUDA_ARCH_LIST"] = _cuda(target).torch_cuda_arch_list
 
     def toolchain_parts(self, preflight: dict[str, Any]) -> list[str]:
+        toolkit = preflight.get("toolkit")
+        if isinstance(toolkit, dict) and isinstance(toolkit.get("key"), str):
+            return [toolkit["key"]]  # nvcc by its version and every tool by its sha256
         value = preflight.get("nvcc")
         return [f"nvcc: {value}"] if isinstance(value, str) and value else []
 
     def preflight(self, plan: Build, facts: dict[str, Any], h: Host) -> None:
-        cuda_home = plan.build_env.get("CUDA_HOME") or environ.get("CUDA_HOME")
-        if not cuda_home or not (Path(cuda_home) / "bin" / "nvcc").exists():
-            raise PreflightFailed(f"no nvcc under CUDA_HOME={cuda_home}",
-                                  hint="install the CUDA 13 toolkit or fix "
-                                  "[build.env].CUDA_HOME")
-        facts["nvcc"] = nvcc_version(cuda_home)
+        """A toolkit from a lock is unpacked by the build's toolkit step (nothing to find
+        yet); the host's must be under CUDA_HOME. The driver must answer, unless the build
+        was asked for without a GPU (``--no-gpu``: never implied)."""
+        if not _cuda(plan.target).toolkit:
+            cuda_home = plan.build_env.get("CUDA_HOME") or environ.get("CUDA_HOME")
+            if not cuda_home or not (Path(cuda_home) / "bin" / "nvcc").exists():
+                raise PreflightFailed(f"no nvcc under CUDA_HOME={cuda_home}",
+                                      hint="install the CUDA 13 toolkit, fix "
+                                      "[build.env].CUDA_HOME, or name a toolkit lock in the "
+                                      "target (toolkit = \"toolkits/cuda-13.0.3.toml\")")
+            facts["nvcc"] = nvcc_version(cuda_home)
         facts["driver"] = h.driver
+        if plan.no_gpu:
+            facts["device_checks"] = "skipped (--no-gpu)"
+            return
         if not h.gpus:
-            raise PreflightFailed("no NVIDIA driver answers (nvidia-smi)")
+            raise PreflightFailed("no NVIDIA driver answers (nvidia-smi)",
+                                  hint="on a host without the GPU, compile only: "
+                                  "build_oracle -- --target <name> --no-gpu (the device checks "
+                                  "then run at the first identity check on the gate host)")
 
     def wheel_check_about(self, target: Target) -> str:
         return ("; the sm_XX set in the configure log and in the built libraries "
@@ -120,20 +145,26 @@ class Cuda(Device):
                     root: Path) -> dict[str, Any] | None:
         target = _cuda(plan.target)
         cfg = configure_arches(plan.log.read_text(errors="replace"))
-        sms = cuobjdump_sm([str(p) for p in libraries])
+        home = plan.build_env.get("CUDA_HOME")
+        sms, mismatches = self.compiled(
+            target, [str(p) for p in libraries],
+            cuobjdump=str(Path(home) / "bin" / "cuobjdump") if home else None)
         allowed = set(target.expected_sm)
-        if not sms or not set(sms) <= allowed:
+        if mismatches:
             raise BuildFailed(
-                f"the wheel's libraries hold {', '.join(sms) or 'no sm_XX code'}; target "
+                f"the wheel's libraries hold {', '.join(sms or []) or 'no sm_XX code'}; target "
                 f"{plan.target_name} expects only {', '.join(sorted(allowed))} "
                 f"(configure log: {cfg or 'no architecture lines'})",
                 hint="check TORCH_CUDA_ARCH_LIST; some vLLM versions skip sm_12x kernels for "
                 "'12.1a'")
         return {"configure_log": cfg, "cuobjdump": sms}
 
-    def compiled(self, target: Target,
-                 libraries: list[str]) -> tuple[list[str] | None, list[Mismatch]]:
-        sms = cuobjdump_sm(libraries)
+    def compiled(self, target: Target, libraries: list[str], *,
+                 cuobjdump: str | None = None) -> tuple[list[str] | None, list[Mismatch]]:
+        """The sm_XX set of ``libraries`` (a built wheel's, an oracle's, or objects: one
+        check for all), and a mismatch when it is empty or holds what the target does not
+        expect."""
+        sms = cuobjdump_sm(libraries, cuobjdump)
         allowed = set(_cuda(target).expected_sm)
         if not sms or not set(sms) <= allowed:
             return sms, [("compiled sm", ", ".join(sorted(allowed)), ", ".join(sms) or "none")]

@@ -55,6 +55,8 @@ class Identity:
     patches: list[str] = field(default_factory=list)
     # a source oracle's compiled files against the pin's established bytes, in words
     compiled: str | None = None
+    # the device's checks that did not run (built with --no-gpu): never ORACLE_IDENTITY_OK
+    skipped: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -80,6 +82,7 @@ class Identity:
                               sorted(self.facts.get("distributions", {}).items())},
             "patches": list(self.patches),
             "compiled": self.compiled,
+            "device_checks_skipped": list(self.skipped),
             "mismatches": [{"field": f, "expected": e, "found": g} for f, e, g in self.mismatches],
         }
 
@@ -106,27 +109,29 @@ class Identity:
         ]
         if self.compiled:
             lines.append(f"compiled {as_data(self.compiled)}")
-        lines.append(verdicts.identity(self.ok))
+        lines.append(verdicts.identity(self.ok, self.skipped))
         if not self.ok:
             lines += [f"  {as_data(f)}: expected {as_data(str(e))}, found {as_data(str(g))}"
                       for f, e, g in self.mismatches]
         return "\n".join(lines)
 
 
-def probe_args(target: Target) -> list[str]:
-    """What probe.py (alone, or in the engine host) is told: kernel check, device, the
-    environment prefixes it records."""
-    return [target.kernel_check, devices.module(target).PROBE_DEVICE,
-            ",".join(RECORDED_PREFIXES)]
+def probe_args(target: Target, *, no_gpu: bool = False) -> list[str]:
+    """What probe.py (alone, or in the engine host) is told: kernel check ("none" without
+    the GPU it runs on), device, the environment prefixes it records."""
+    return [target.kernel_check if not no_gpu else "none",
+            devices.module(target).PROBE_DEVICE, ",".join(RECORDED_PREFIXES)]
 
 
 def run_probe(venv: Path, target: Target, *, log: Path | None = None,
-              timeout: float = 600, hold: Hold | None = None) -> dict[str, Any]:
+              timeout: float = 600, hold: Hold | None = None,
+              no_gpu: bool = False) -> dict[str, Any]:
     """The facts ``inside/probe.py`` gathers, run by the venv's own python (held to
     ``hold``'s kernel variant: the pin target's when not given)."""
     hold = hold if hold is not None else host.hold(target)
     answer = OracleVenv(venv).run_inside(
-        "probe.py", probe_args(target), env={**target.env, **hold.env}, log=log,
+        "probe.py", probe_args(target, no_gpu=no_gpu), env={**target.env, **hold.env},
+        log=log,
         what="identity probe",
         timeout=timeout, echo=False)
     if answer.result.returncode != 0 or answer.data is None:
@@ -158,8 +163,10 @@ def _under(path: str, roots: list[str]) -> bool:
 
 
 def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any],
-            hold: Hold | None = None) -> list[tuple[str, str, str]]:
-    """Every way the facts differ from the pin, as (field, expected, found)."""
+            hold: Hold | None = None, *, no_gpu: bool = False) -> list[tuple[str, str, str]]:
+    """Every way the facts differ from the pin, as (field, expected, found). ``no_gpu``:
+    the kernel check and the device's facts are not compared (they were not asked for:
+    the identity that follows names them as not run)."""
     bad: list[tuple[str, str, str]] = []
     hold = hold if hold is not None else host.hold(target)
     py = facts["python"]
@@ -244,6 +251,8 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any],
         elif not _under(got.get("file", ""), site_dirs):
             bad.append((f"{module} file", f"inside {site_dirs[0]}", str(got.get("file"))))
 
+    if no_gpu:
+        return bad
     kernel = facts.get("kernel", {})
     if not kernel.get("ok"):
         bad.append(("compiled kernel", f"{target.kernel_check} runs",
@@ -255,32 +264,38 @@ def compare(pin: Pin, target: Target, venv: Path, facts: dict[str, Any],
 def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
           staged: bool = False, deep: bool = False,
           facts: dict[str, Any] | None = None,
-          files: inventory.Check | None = None, hold: Hold | None = None) -> Identity:
+          files: inventory.Check | None = None, hold: Hold | None = None,
+          no_gpu: bool = False) -> Identity:
     """Probe ``venv`` (or take ``facts`` its engine host's probe wrote). Outside staging a
     venv without build_oracle's record is incomplete (an interrupted publish, or a venv made
     by hand) and never passes; every file is compared with the manifest the build wrote, the
     manifest with its anchor outside the venv (``deep``: every file hashed; ``files``: that
     comparison, made by the caller meanwhile), and the shared libraries the process mapped
     with those the build's process mapped. ``hold``: the CPU kernel variant the process
-    must run (default: the pin target's), proved from the process itself."""
+    must run (default: the pin target's), proved from the process itself. ``no_gpu``: a
+    build without its GPU (build_oracle --no-gpu): the device's checks are not run, and the
+    identity says so (``skipped``) instead of passing."""
     hold = hold if hold is not None else host.hold(target)
     oracle = OracleVenv(venv)
     loaded: tuple[dict[str, Any] | None, list[tuple[str, str, str]]] | None = None
     if facts is None and not staged and files is None and oracle.has_record():
         # the probe (a process importing vLLM) runs while every file is checked here
         with ThreadPoolExecutor(1, thread_name_prefix="probe") as pool:
-            probing = pool.submit(run_probe, venv, target, log=log, hold=hold)
+            probing = pool.submit(run_probe, venv, target, log=log, hold=hold,
+                                  no_gpu=no_gpu)
             loaded = inventory.load(venv)
             if loaded[0] is not None:
                 files = inventory.check(venv, loaded[0], deep=deep)
             facts = probing.result()
     elif facts is None:
-        facts = run_probe(venv, target, log=log, hold=hold)
+        facts = run_probe(venv, target, log=log, hold=hold, no_gpu=no_gpu)
     else:
         facts["machine"] = platform.machine()
     probe_answer(facts, venv)
     ident = Identity(venv=venv, facts=facts, device=target.device)
-    ident.mismatches = compare(pin, target, venv, facts, hold)
+    ident.mismatches = compare(pin, target, venv, facts, hold, no_gpu=no_gpu)
+    if no_gpu:
+        ident.skipped = devices.module(target).DEVICE_CHECKS
     if not staged and not oracle.has_record():
         ident.mismatches.append(("build record", str(oracle.record_path),
                                  "missing: not a venv build_oracle completed"))
@@ -488,8 +503,8 @@ def relocated(pin: Pin, target: Target, ident: Identity, old: Path, new: Path) -
     moved = replace_path(ident.facts, old, new)
     result = Identity(venv=new, facts=moved, device=ident.device,
                       compiled_sm=ident.compiled_sm, patches=list(ident.patches),
-                      compiled=ident.compiled)
-    result.mismatches = compare(pin, target, new, moved)
+                      compiled=ident.compiled, skipped=ident.skipped)
+    result.mismatches = compare(pin, target, new, moved, no_gpu=bool(ident.skipped))
     if prefix != os.path.realpath(new):
         result.mismatches.append(("sys.prefix (after the move)", os.path.realpath(new),
                                   str(prefix)))

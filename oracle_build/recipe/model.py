@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from oracle_build import devices
 from oracle_build.contracts.pins import ArchiveSource, FromSource, GitSource, Pin, Target
 from oracle_build.contracts.probe import ResolvedPlan
 from oracle_build.contracts.record import BuildFacts
@@ -21,6 +22,7 @@ from oracle_build.core.proc import Cmd
 from oracle_build.oracle import identity, inventory
 from oracle_build.recipe import checkout, toolchain
 from oracle_build.recipe.checkout import CheckoutFacts
+from oracle_build.recipe.cuda import toolkit as cudatoolkit
 from oracle_build.recipe.wheelhouse import Wheelhouse
 
 # wheels, archives and bytecode carry this time, not the build's (Debian's reproducible
@@ -90,6 +92,10 @@ class Plan:
     # wheelhouse (later builds install the oracle's), and its compiled bytes are not held to
     # the pin's at publish (they are what is compared, file by file)
     compare_only: bool = False
+    # a CUDA source build's toolkit and nvcc launcher (recipe/cudatoolkit.py)
+    toolkit: cudatoolkit.Planned | None = None
+    # built without a GPU (--no-gpu, never implied): the device checks do not run
+    no_gpu: bool = False
 
     @property
     def from_source(self) -> bool:
@@ -157,6 +163,13 @@ class Plan:
                          f"({d.why}): {d.patch.reason}")
         if self.compiler_cache is not None:
             lines.append(f"  compiler cache: {self.compiler_cache.describe()}")
+        if self.toolkit is not None:
+            lines += cudatoolkit.plan_lines(self.toolkit, self.target.machine)
+        if self.no_gpu:
+            lines.append("  device checks: NOT RUN (--no-gpu): "
+                         + ", ".join(devices.module(self.target).DEVICE_CHECKS)
+                         + "; the compiled-arch check still holds the built libraries to "
+                         "the target's")
         if self.from_source:
             lines.append(f"  reproducible: {reproducible_text(self.pin)}")
         if self.stop_after:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from oracle_build import devices
+from oracle_build.contracts.cudatoolkit import load_toolkit
 from oracle_build.contracts.pins import (
     ArchiveSource,
     FromSource,
@@ -21,6 +22,7 @@ from oracle_build.contracts.pins import (
     Pin,
     Target,
     WheelSource,
+    toolkit_path,
 )
 from oracle_build.core import env as envmod
 from oracle_build.core import layout
@@ -29,6 +31,7 @@ from oracle_build.oracle.venv import uv
 from oracle_build.recipe import source, toolchain
 from oracle_build.recipe import steps as act
 from oracle_build.recipe.checkout import KNOWN_SWITCHES, CheckoutFacts, pin_problems, read_checkout
+from oracle_build.recipe.cuda import toolkit as cudatoolkit
 from oracle_build.recipe.model import (
     CONFIGURED,
     DOWNLOAD_LIST,
@@ -128,7 +131,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
          mirror: str | None = None, externals_dir: Path | None = None,
          checkout: Path | None = None, compiler_cache: bool = True,
          stop_after: str | None = None, reuse_built: bool = True,
-         compare_only: bool = False) -> Plan:
+         compare_only: bool = False, no_gpu: bool = False) -> Plan:
     """``checkout``: a tree at the pinned commit to read the build's facts from now
     (externals, switches, requirements, Rust); without it the build reads them from its
     own clone before configure, and refuses there what it would refuse here.
@@ -137,7 +140,15 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
     stopped at CMake's last configure line), its staging folder removed, nothing published.
     ``reuse_built``: False compiles even when the wheelhouse holds this pin's built wheel;
     ``compare_only``: a build made to be compared with the oracle in place (its wheel left
-    out of the wheelhouse, its bytes not held to the pin's)."""
+    out of the wheelhouse, its bytes not held to the pin's).
+    ``no_gpu``: a GPU target built on a host without its GPU (its device checks skipped,
+    said in the plan and the identity block; never implied)."""
+    if no_gpu and not devices.module(pin.target(target_name)).DEVICE_CHECKS:
+        from oracle_build.core.errors import BadInput
+
+        raise BadInput("--no-gpu", [("<flag>", f"target {target_name} is a "
+                                    f"{pin.target(target_name).device} target: --no-gpu is for "
+                                    "GPU targets")])
     target = pin.target(target_name)
     venv = layout.oracle_path(home, pin.key)
     staging = layout.staging_dir(home, pin.key)
@@ -154,6 +165,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
     compilers: dict[str, toolchain.Compiler] = {}
     decisions: list[toolchain.PatchDecision] = []
     ccache: toolchain.CompilerCache | None = None
+    kit: cudatoolkit.Planned | None = None
     cache = layout.uv_cache_dir(staging)
     lock_install = _uv("pip", "install", "--python", py, "--offline", "--no-index",
                        "--find-links", str(wh.root), "--no-deps", "--require-hashes",
@@ -226,6 +238,14 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                 "toolchain", "the compilers against the floors the (patched) source's own "
                 "CMake sets (a compiler below one stops here, exit 6, not deep in configure)",
                 act.toolchain_))
+            device = devices.module(target)
+            if device.BUILD_TOOLKIT:
+                lock_path = toolkit_path(pin.path, target)
+                kit = cudatoolkit.planned(
+                    home, load_toolkit(lock_path) if lock_path else None,
+                    device.toolkit_home({**pin.model.build.env, **target.build_env}))
+                steps.append(Step("toolkit", cudatoolkit.step_about(
+                    kit, target.machine, wh.root.parent / "toolkits"), act.toolkit))
             blocked = []
             ext_cmds: list[Cmd] = []
             ext_env: dict[str, str] = {}
@@ -239,6 +259,10 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                 if ext.tree is None:
                     origin_ext = str(externals_dir / ext.name) if externals_dir \
                         else ext.repository
+                    if externals_dir is not None and not (externals_dir / ext.name).exists():
+                        blocked.append(f"externals.{ext.name}: no git mirror {ext.name} in "
+                                       f"{externals_dir}, and the pin names no git tree an "
+                                       "archive could be taken by")
                     ext_cmds += source.clone_commands(origin_ext, local, str(ext.commit))
             if pin.externals_for(target):
                 if externals_dir is None:
@@ -289,10 +313,15 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                      "-r", str(files("build-requirements.txt")))]))
             paths = toolchain.path_map(staging, devices.module(target).PATH_MAP_VARS)
             wheel_env = {**build_env, **rust_env, **source_build_env(
-                pin, staging, svenv, compilers, ccache, paths)}
+                pin, staging, svenv, compilers, ccache, paths,
+                base=home if kit is not None else None)}
+            kit_args: list[str] = []
+            if kit is not None:
+                wheel_env.update(cudatoolkit.wheel_env(kit, staging, wheel_env["PATH"]))
+                kit_args = cudatoolkit.cmake_args(kit)
             wheel_env["CMAKE_ARGS"] = " ".join(
                 [*(build_env.get("CMAKE_ARGS", "").split()), *REPRODUCIBLE_CMAKE_ARGS,
-                 *ccache.cmake_args(devices.module(target).LAUNCHER_LANGS)])
+                 *ccache.cmake_args(devices.module(target).LAUNCHER_LANGS), *kit_args])
             build_env = {k: v for k, v in wheel_env.items() if k not in rust_env}
             stop = CONFIGURED if stop_after == "configure" else None
             steps.append(Step(
@@ -353,7 +382,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                 checkout_facts=facts if read_now else None, wheel_unset=wheel_unset,
                 compilers=compilers, patches=decisions, compiler_cache=ccache,
                 stop_after=stop_after, last_times=last_times(home, pin.key),
-                compare_only=compare_only)
+                compare_only=compare_only, toolkit=kit, no_gpu=no_gpu)
 
 
 def patch_cmd(patch: Path, tree: Path) -> Cmd:
@@ -367,7 +396,7 @@ def patch_cmd(patch: Path, tree: Path) -> Cmd:
 def source_build_env(pin: Pin, staging: Path, svenv: Path,
                      compilers: dict[str, toolchain.Compiler],
                      ccache: toolchain.CompilerCache,
-                     paths: toolchain.PathMap) -> dict[str, str]:
+                     paths: toolchain.PathMap, *, base: Path | None = None) -> dict[str, str]:
     """What a source build's compile command lines depend on, set by the plan: the staging
     venv's tools first on PATH (cmake and ninja of the build requirements, not the host's),
     the pin's compilers when it names them, SOURCE_DATE_EPOCH, the staging folder's path map
@@ -379,5 +408,7 @@ def source_build_env(pin: Pin, staging: Path, svenv: Path,
     if pin.model.build.cxx and compilers["cxx"].path:
         env["CXX"] = compilers["cxx"].path
     env.update(paths.env())
-    env.update(ccache.env(staging, paths))
+    # ``base``: the folder ccache makes paths relative under, when the build reads more of
+    # the home than its staging folder (a CUDA toolkit unpacked into the home)
+    env.update(ccache.env(base or staging, paths))
     return env

@@ -49,6 +49,7 @@ from oracle_build.oracle import identity, inventory
 from oracle_build.oracle.venv import uv
 from oracle_build.recipe import archive, checkout, record, source, toolchain
 from oracle_build.recipe.cmake import scan
+from oracle_build.recipe.cuda import toolkit as cudatoolkit
 from oracle_build.recipe.model import (
     DOWNLOAD_LIST,
     TORCH_DOWNLOAD_LIST,
@@ -324,6 +325,20 @@ def toolchain_(state: BuildState, step: Step) -> None:
         if tool.path is None:
             raise PreflightFailed(f"no {role} compiler: {tool.asked} is not on PATH",
                                   hint="install the toolchain (Debian: build-essential)")
+
+
+def toolkit(state: BuildState, step: Step) -> None:
+    """The CUDA toolkit the plan names: a lock's wheels unpacked into the home (once per
+    lock; the wheels kept in the wheelhouse by sha256), or the host's described; the nvcc
+    launcher written beside it. Its facts (nvcc's version, the six tools' sha256, the lock)
+    go into the build record and the toolchain key."""
+    p = state.plan
+    assert p.toolkit is not None
+    kit = cudatoolkit.prepare(p.toolkit, p.wheelhouse.root.parent / "toolkits",
+                             p.target.machine)
+    state.facts.preflight = {**state.facts.preflight,
+                             "toolkit": {**kit.as_dict(), "key": kit.key_part(),
+                                         "launcher": str(p.toolkit.launcher)}}
 
 
 def externals(state: BuildState, step: Step) -> None:
@@ -605,7 +620,8 @@ def identity_(state: BuildState, step: Step) -> None:
     with ThreadPoolExecutor(1, thread_name_prefix="hash") as pool:
         hashing = pool.submit(inventory.hash_files, p.staging_venv, stop)
         try:
-            ident = identity.check(p.pin, p.target, p.staging_venv, log=p.log, staged=True)
+            ident = identity.check(p.pin, p.target, p.staging_venv, log=p.log, staged=True,
+                                   no_gpu=p.no_gpu)
         except BaseException:
             stop.set()  # a failed or interrupted step does not wait for 3 GB of hashing
             raise
