@@ -1,8 +1,8 @@
 """Real CUDA units of a vLLM source tree, compiled here without a GPU (``oracle-build
 cuda-kernels``, ``nox -s cuda_kernels``): the units a spec names
 (pins/kernels/cuda-source.toml), for each CUDA target of its pin, with the flags vLLM's own
-CMake gives them, through the chain ``ccache -> launcher -> nvcc`` of a real build, in two fresh homes sharing one compiler cache.
-What it shows: the toolkit from its lock, objects whose bytes depend on neither the home nor
+CMake gives them, through the chain ``ccache -> launcher -> nvcc`` of a real build, in two
+fresh homes sharing one compiler cache. What it shows: the toolkit from its lock, objects whose bytes depend on neither the home nor
 the process, a second home that compiles nothing the first compiled, and each object's
 sm_XX code as cuobjdump lists it, checked by the code that checks a built wheel.
 
