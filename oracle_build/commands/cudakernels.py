@@ -40,7 +40,8 @@ def register(sub: Subparsers) -> None:
                    "cache are made in (default: a temporary folder, removed after); it must "
                    "not exist")
     p.add_argument("--downloads", type=Path, help="where the sdist and the wheels are taken "
-                   "by sha256 (default: the home's wheelhouse, env ORACLE_BUILD_WHEELHOUSE)")
+                   "by sha256, fetched when absent (default: <wheelhouse>/toolkits, where a "
+                   "build keeps its toolkit's wheels; env ORACLE_BUILD_WHEELHOUSE)")
     p.add_argument("--plain-nvcc", action="store_true",
                    help="the control: compile through ccache -> nvcc with no launcher "
                    "between, as a build without oracle-build's launcher does (expect exit "
@@ -60,7 +61,9 @@ def run_cuda_kernels(args: argparse.Namespace) -> int:
     work = (args.work.resolve() if args.work else
             Path(tempfile.mkdtemp(prefix="oracle-build-cuda-kernels-", dir="/var/tmp")))
     work.mkdir(parents=True, exist_ok=True)
-    downloads = (args.downloads or default_wheelhouse(default_home())).resolve()
+    # the toolkit's wheels where a build's toolkit step keeps them (<wheelhouse>/toolkits),
+    # beside the CUDA torch wheel and the sdist the units come from
+    downloads = (args.downloads or default_wheelhouse(default_home()) / "toolkits").resolve()
     out = (args.out.resolve() if args.out else work / "objects")
     try:
         outcome = cudaunits.run(args.spec.resolve(), work=work, out=out, downloads=downloads,

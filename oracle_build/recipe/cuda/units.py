@@ -1,17 +1,18 @@
-"""Real CUDA units of a vLLM source tree, compiled here without a GPU (``oracle-build
-cuda-kernels``, ``nox -s cuda_kernels``): the units a spec names
-(pins/kernels/cuda-source.toml), for each CUDA target of its pin, with the flags vLLM's own
-CMake gives them, through the chain ``ccache -> launcher -> nvcc`` of a real build, in two
-fresh homes sharing one compiler cache. What it shows: the toolkit from its lock, objects whose bytes depend on neither the home nor
-the process, a second home that compiles nothing the first compiled, and each object's
-sm_XX code as cuobjdump lists it, checked by the code that checks a built wheel.
+"""Real CUDA units of a vLLM source tree, compiled here without a GPU (``oracle-build cuda-
+kernels``, ``nox -s cuda_kernels``): the units a spec names (pins/kernels/cuda-source.toml),
+for each CUDA target of its pin, with the flags vLLM's own CMake gives them, through the
+chain ``ccache -> launcher -> nvcc`` of a real build, in two fresh homes sharing one
+compiler cache. What it shows: the toolkit from its lock, objects whose bytes depend on
+neither the home nor the process, a second home that compiles nothing the first compiled,
+and each object's sm_XX code as cuobjdump lists it, checked by the code that checks a built
+wheel.
 
-How the flags are vLLM's: a CMake project of ours (recipe/cuda/units/CMakeLists.txt) includes the
-tree's ``cmake/utils.cmake`` and calls its functions in the order vLLM's CMakeLists.txt does
-for the units' extension; the two values that CMakeLists.txt sets inline (the supported
-architectures for this nvcc's release, and the extension's compile definitions) are read
-from it here (``tree_facts``), with the line each came from. Nothing else of vLLM's build
-runs: its externals (CUTLASS first) cannot be had here."""
+How the flags are vLLM's: a CMake project of ours (recipe/cuda/units/CMakeLists.txt)
+includes the tree's ``cmake/utils.cmake`` and calls its functions in the order vLLM's
+CMakeLists.txt does for the units' extension; the two values that CMakeLists.txt sets inline
+(the supported architectures for this nvcc's release, and the extension's compile
+definitions) are read from it here (``tree_facts``), with the line each came from. Nothing
+else of vLLM's build runs: its externals (CUTLASS first) cannot be had here."""
 
 from __future__ import annotations
 
