@@ -225,7 +225,8 @@ def _tar(folder: Path, out: Path) -> None:
         tf.add(folder, arcname=folder.name)
 
 
-def make_sdist(root: Path, *, ops_c: str = ARCHIVE_OPS_C, cmake_extra: str = "") -> Sdist:
+def make_sdist(root: Path, *, ops_c: str = ARCHIVE_OPS_C, cmake_extra: str = "",
+               cmake: str | None = None, extra: dict[str, str] | None = None) -> Sdist:
     """The package's release archive, its external's archive (and the external's commit and
     git tree, from a real git repository), and the patch that lowers its floor."""
     import hashlib
@@ -251,8 +252,10 @@ def make_sdist(root: Path, *, ops_c: str = ARCHIVE_OPS_C, cmake_extra: str = "")
     (top / "csrc").mkdir()
     (top / "setup.py").write_text(ARCHIVE_SETUP_PY)
     (top / "pyproject.toml").write_text(ARCHIVE_PYPROJECT)
-    (top / "CMakeLists.txt").write_text(ARCHIVE_CMAKE.lstrip("\n") + cmake_extra)
+    (top / "CMakeLists.txt").write_text((cmake or ARCHIVE_CMAKE).lstrip("\n") + cmake_extra)
     (top / "csrc" / "ops.c").write_text(ops_c)
+    for rel, text in (extra or {}).items():
+        (top / rel).write_text(text)
     (top / "vllm" / "__init__.py").write_text(INIT_PY)
     (top / "vllm" / "_version.py").write_text(
         f"__version__ = version = '{ARCHIVE_VERSION}'\n"
@@ -321,4 +324,74 @@ kernel_check = "extension"
 def write_sdist_pin(s: Sdist, **kw: str) -> Path:
     path = s.patch.parent.parent / "srcarchive.toml"
     path.write_text(sdist_pin_text(s, **kw))
+    return path
+
+
+# ----------------------------------------------------------------------------- a CUDA sdist
+
+# The same release archive with a CUDA unit in its extension, built the way vLLM's CUDA
+# build is: nvcc (oracle-build's launcher in front of the lock's toolkit) through ccache,
+# for the target's TORCH_CUDA_ARCH_LIST; the kernel has __FILE__ in device code and an
+# anonymous namespace (nvcc's module id), what vLLM's units have. No GPU is needed to build
+# it; the extension imports without one (the CUDA runtime is linked statically).
+CUDA_CMAKE = """
+cmake_minimum_required(VERSION 3.26)
+project(srcpkg LANGUAGES C CUDA)
+
+include(FetchContent)
+if (DEFINED ENV{FETCHCONTENT_SOURCE_DIR_TINYDEP})
+    set(FETCHCONTENT_SOURCE_DIR_TINYDEP $ENV{FETCHCONTENT_SOURCE_DIR_TINYDEP})
+endif()
+FetchContent_Declare(
+    tinydep
+    GIT_REPOSITORY https://github.com/example/tinydep.git
+    GIT_TAG v1.0)
+FetchContent_MakeAvailable(tinydep)
+
+find_package(Python REQUIRED COMPONENTS Interpreter Development.Module)
+# the target's arch list as vLLM's CMake takes TORCH_CUDA_ARCH_LIST ("12.1": sm_121 code)
+string(REPLACE "." "" SRCPKG_ARCH "$ENV{TORCH_CUDA_ARCH_LIST}")
+add_library(_C MODULE csrc/ops.c csrc/kernels.cu)
+target_include_directories(_C PRIVATE ${Python_INCLUDE_DIRS} ${tinydep_SOURCE_DIR})
+set_target_properties(_C PROPERTIES CUDA_ARCHITECTURES "${SRCPKG_ARCH}-real" PREFIX ""
+                      SUFFIX "" OUTPUT_NAME "${OUT_NAME}" LIBRARY_OUTPUT_DIRECTORY "${OUT_DIR}")
+"""
+KERNELS_CU = """
+#include <cstdio>
+#include "tinydep.h"
+namespace { __device__ int twice(int v) { return 2 * v; } }
+__global__ void srcpkg_kernel(int *x) {
+    if (!x) printf("%s\\n", __FILE__);
+    x[threadIdx.x] = twice(TINYDEP_VALUE);
+}
+extern "C" int srcpkg_launch(int *x) { srcpkg_kernel<<<1, 1>>>(x); return 0; }
+"""
+
+
+def make_cuda_sdist(root: Path) -> Sdist:
+    return make_sdist(root, cmake=CUDA_CMAKE, extra={"csrc/kernels.cu": KERNELS_CU})
+
+
+def write_cuda_sdist_pin(s: Sdist, toolkit_lock: Path) -> Path:
+    """The archive pin with one CUDA target (this host's machine, GB10's arch) whose
+    toolkit is ``toolkit_lock`` (copied beside the pin), no patch, tinydep for every
+    device."""
+    text = sdist_pin_text(s, patches="")
+    text = text.replace('devices = ["cpu"]\n', "")
+    text = text[:text.index("[targets.cpu]")] + f"""[targets.sm_121]
+device = "cuda"
+machine = "{os.uname().machine}"
+compute_capability = "12.1"
+device_name = "GB10"
+torch_cuda_arch_list = "12.1"
+expected_sm = ["sm_121"]
+toolkit = "toolkits/{toolkit_lock.name}"
+kernel_check = "extension"
+build_env = {{ VLLM_TARGET_DEVICE = "cuda" }}
+"""
+    pins = s.patch.parent.parent
+    (pins / "toolkits").mkdir(exist_ok=True)
+    (pins / "toolkits" / toolkit_lock.name).write_text(toolkit_lock.read_text())
+    path = pins / "srccuda.toml"
+    path.write_text(text.replace('id = "srcarchive"', 'id = "srccuda"'))
     return path

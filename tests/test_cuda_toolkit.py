@@ -492,3 +492,68 @@ def test_real_nvcc_through_the_launcher_gives_one_object_in_two_folders(
                 assert cuobjdump_sm([str(out)], str(toolkit_here.cuobjdump)) == [f"sm_{sm}"]
         assert objects["plain"][0] != objects["plain"][1]
         assert objects["launcher"][0] == objects["launcher"][1]
+
+
+@pytest.mark.slow
+def test_a_cuda_package_builds_without_gpu_end_to_end(toolkit_here: cudatoolkit.Toolkit,
+                                                      tmp_path: Path) -> None:
+    """The tool's CUDA device path end to end on a small CUDA package (tests/srcpkg.py: a
+    .cu in the extension of a CMake sdist), through the steps vLLM's takes: the toolkit from
+    the lock, the launcher, ccache, the cuobjdump check, compiled bytes, --check; and a
+    second home from the same compiler cache. --no-gpu: identity INCOMPLETE, never OK."""
+    from oracle_build.contracts.record import load_record
+    from oracle_build.core import layout
+    from oracle_build.oracle.venv import OracleVenv
+    from tests.conftest import shared_wheelhouse
+    from tests.srcpkg import make_cuda_sdist, write_cuda_sdist_pin
+
+    s = make_cuda_sdist(tmp_path / "sdist")
+    pin = write_cuda_sdist_pin(s, LOCK)
+    wheelhouse = tmp_path / "wh"
+    (wheelhouse / "toolkits").mkdir(parents=True)
+    for wheel in (shared_wheelhouse() / "toolkits").glob("*.whl"):  # the fixture fetched them
+        os.link(wheel, wheelhouse / "toolkits" / wheel.name)
+    cache = tmp_path / "ccache"
+    env = {**os.environ, "ORACLE_BUILD_WHEELHOUSE": str(wheelhouse),
+           "ORACLE_BUILD_COMPILER_CACHE": str(cache), "ORACLE_BUILD_MIN_FREE_GIB": "5"}
+
+    def ob(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "oracle_build", "build", "--pin",
+                               str(pin), "--target", "sm_121", "--externals",
+                               str(s.externals), "--home", str(home), *args], cwd=REPO,
+                              env=env, capture_output=True, text=True, timeout=900,
+                              check=False)
+
+    refused = ob(home=tmp_path / "a")
+    assert refused.returncode == 6 and "--no-gpu" in refused.stderr  # never implied
+    records = []
+    # the second home compiles (--recompile: not the first's wheel from the wheelhouse)
+    # through the shared compiler cache; the third takes that wheel, its compiled code
+    # checked with the toolkit it prepares
+    for home, more in ((tmp_path / "a", ()), (tmp_path / "elsewhere" / "b", ("--recompile",)),
+                       (tmp_path / "c", ())):
+        done = ob("--no-gpu", *more, home=home)
+        assert done.returncode == 0, done.stderr[-3000:]
+        last = done.stdout.splitlines()[-1]
+        assert last.startswith("ORACLE_IDENTITY_INCOMPLETE:") and "nvidia-smi" in last
+        assert "ORACLE_IDENTITY_OK" not in done.stdout + done.stderr
+        venv = layout.oracle_path(home, load_pin(pin).key)
+        record = load_record(OracleVenv(venv).record_path)
+        kit = record.preflight["toolkit"]
+        assert kit["lock"] == "cuda-13.0.3" and kit["version"] == "13.0.88"
+        assert set(kit["tools"]) == set(TOOLS) and kit["launcher"].startswith(str(home))
+        assert "\nkernels sm_121\n" in done.stdout  # identity's cuobjdump, every home
+        assert record.compiled is not None
+        if home.name != "c":  # the wheel step's facts, where the wheel was built
+            assert record.compiled_arches == {"configure_log": {}, "cuobjdump": ["sm_121"]}
+            assert record.compiled.toolchain is not None
+            assert "nvcc: V13.0.88 (tools sha256 " in record.compiled.toolchain
+        records.append(record)
+    first, second, third = records
+    assert first.compiler_cache is not None and second.compiler_cache is not None
+    assert first.compiler_cache.misses == 2 and first.compiler_cache.hits == 0  # C and CUDA
+    assert second.compiler_cache.hits == 2 and second.compiler_cache.misses == 0
+    assert first.compiled.files == second.compiled.files == third.compiled.files
+    check = ob("--no-gpu", "--check", home=tmp_path / "a")
+    assert check.returncode == 0, check.stderr[-3000:]
+    assert check.stdout.splitlines()[-1] == "ORACLE_REPRODUCED: 1 compiled files compared"

@@ -126,7 +126,8 @@ def run_build(args: argparse.Namespace) -> int:
                                   rebuild=args.rebuild,
                                   wait=not args.no_wait, fill_wheelhouse=fill,
                                   compiler_cache=not args.no_compiler_cache,
-                                  reuse_built=not (args.no_compiler_cache or args.recompile))
+                                  reuse_built=not (args.no_compiler_cache or args.recompile),
+                                  no_gpu=args.no_gpu)
     print_identity(outcome.identity, args.json)
     if not outcome.built:
         say(f"identity re-checked in {outcome.seconds:.1f}s (nothing rebuilt)")
@@ -146,7 +147,7 @@ def run_check(args: argparse.Namespace, pin: Pin, target: str, home: Path, wheel
         raise Refused("--check rebuilds cold in a scratch folder and compares: it takes none "
                       "of --rebuild, --stop-after, --cache, --no-compiler-cache")
     outcome = recipe.check_rebuild(pin, target, home=home, wheelhouse_root=wheelhouse,
-                                   mirror=mirror, externals_dir=ext_dir)
+                                   mirror=mirror, externals_dir=ext_dir, no_gpu=args.no_gpu)
     if args.json:
         print(json.dumps({"same": outcome.same, "seconds": round(outcome.seconds, 1),
                           "files": {n: {"installed": a, "rebuilt": b,

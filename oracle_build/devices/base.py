@@ -158,10 +158,11 @@ class Device:
         """The built wheel's compiled code against the target (BuildFailed); its facts."""
         return None
 
-    def compiled(self, target: Target,
-                 libraries: list[str]) -> tuple[list[str] | None, list[Mismatch]]:
+    def compiled(self, target: Target, libraries: list[str], *,
+                 toolkit: str | None = None) -> tuple[list[str] | None, list[Mismatch]]:
         """The compiled arch set of the loaded extensions (None: a device without one), and
-        what is not the target's."""
+        what is not the target's. ``toolkit``: the folder of the toolkit the build prepared
+        (its bin/ holds the tools the check runs), when it prepared one."""
         return None, []
 
     def device_mismatches(self, target: Target, facts: dict[str, Any],

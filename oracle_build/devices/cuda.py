@@ -100,7 +100,7 @@ class Cuda(Device):
     BUILD_FLAG_VARS = ("VLLM_TARGET_DEVICE", "TORCH_CUDA_ARCH_LIST", "NVCC_THREADS", "CUDA_HOME")
     BUILD_TOOLKIT = True
     DEVICE_CHECKS = ("nvidia-smi (the driver)", "the GPU's name and compute capability",
-                     "the rms_norm check on the GPU")
+                     "the kernel check on the GPU (rms_norm)")
 
     def toolkit_home(self, build_env: Mapping[str, str]) -> str | None:
         return build_env.get("CUDA_HOME")
@@ -145,10 +145,8 @@ class Cuda(Device):
                     root: Path) -> dict[str, Any] | None:
         target = _cuda(plan.target)
         cfg = configure_arches(plan.log.read_text(errors="replace"))
-        home = plan.build_env.get("CUDA_HOME")
-        sms, mismatches = self.compiled(
-            target, [str(p) for p in libraries],
-            cuobjdump=str(Path(home) / "bin" / "cuobjdump") if home else None)
+        sms, mismatches = self.compiled(target, [str(p) for p in libraries],
+                                        toolkit=plan.build_env.get("CUDA_HOME"))
         allowed = set(target.expected_sm)
         if mismatches:
             raise BuildFailed(
@@ -159,11 +157,13 @@ class Cuda(Device):
                 "'12.1a'")
         return {"configure_log": cfg, "cuobjdump": sms}
 
-    def compiled(self, target: Target, libraries: list[str], *,
+    def compiled(self, target: Target, libraries: list[str], *, toolkit: str | None = None,
                  cuobjdump: str | None = None) -> tuple[list[str] | None, list[Mismatch]]:
         """The sm_XX set of ``libraries`` (a built wheel's, an oracle's, or objects: one
         check for all), and a mismatch when it is empty or holds what the target does not
-        expect."""
+        expect. cuobjdump: the one named, else the build's toolkit's, else PATH's."""
+        if cuobjdump is None and toolkit is not None:
+            cuobjdump = str(Path(toolkit) / "bin" / "cuobjdump")
         sms = cuobjdump_sm(libraries, cuobjdump)
         allowed = set(_cuda(target).expected_sm)
         if not sms or not set(sms) <= allowed:

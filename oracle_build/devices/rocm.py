@@ -280,8 +280,8 @@ class Rocm(Device):
         return {"offload_bundles": {str(Path(k).relative_to(root)): v
                                     for k, v in found.by_library.items()}}
 
-    def compiled(self, target: Target,
-                 libraries: list[str]) -> tuple[list[str] | None, list[Mismatch]]:
+    def compiled(self, target: Target, libraries: list[str], *,
+                 toolkit: str | None = None) -> tuple[list[str] | None, list[Mismatch]]:
         t = _rocm(target)
         found = offload_arches(libraries, roc_obj_ls=rocm_tool("roc-obj-ls", t.rocm_home))
         return found.gfx, found.problems(t.expected_gfx)

@@ -107,6 +107,8 @@ class Identity:
             f"torch {s['torch'] or '-'}   {s['device']}",
             f"vllm_file {s['vllm_file'] or '-'}",
         ]
+        if self.compiled_sm is not None:  # the device code the loaded extensions hold
+            lines.append(f"kernels {as_data(' '.join(self.compiled_sm) or '(none)')}")
         if self.compiled:
             lines.append(f"compiled {as_data(self.compiled)}")
         lines.append(verdicts.identity(self.ok, self.skipped))
@@ -265,7 +267,7 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
           staged: bool = False, deep: bool = False,
           facts: dict[str, Any] | None = None,
           files: inventory.Check | None = None, hold: Hold | None = None,
-          no_gpu: bool = False) -> Identity:
+          no_gpu: bool = False, toolkit: str | None = None) -> Identity:
     """Probe ``venv`` (or take ``facts`` its engine host's probe wrote). Outside staging a
     venv without build_oracle's record is incomplete (an interrupted publish, or a venv made
     by hand) and never passes; every file is compared with the manifest the build wrote, the
@@ -314,9 +316,24 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
             ident.mismatches += problems
         ident.patches = applied_patches(venv)
     libs = [e["path"] for e in facts.get("extensions", [])]
-    ident.compiled_sm, problems = devices.module(target).compiled(target, libs)
+    ident.compiled_sm, problems = devices.module(target).compiled(
+        target, libs, toolkit=toolkit or recorded_toolkit(venv))
     ident.mismatches += problems
     return ident
+
+
+def recorded_toolkit(venv: Path) -> str | None:
+    """The toolkit folder the oracle's build prepared (its record's ``preflight.toolkit``),
+    whose tools check its compiled code; None when it had none or has no record yet."""
+    oracle = OracleVenv(venv)
+    if not oracle.has_record():
+        return None
+    try:
+        found = load_record(oracle.record_path).preflight.get("toolkit")
+    except (BadInput, OSError):
+        return None
+    home = found.get("home") if isinstance(found, dict) else None
+    return home if isinstance(home, str) and Path(home).is_dir() else None
 
 
 def source_record_checks(pin: Pin, venv: Path) -> list[tuple[str, str, str]]:

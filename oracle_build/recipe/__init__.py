@@ -77,7 +77,7 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
                  wait: bool = True,
                  fill_wheelhouse: Callable[[], None] | None = None,
                  compiler_cache: bool = True, reuse_built: bool = True,
-                 compare_only: bool = False) -> BuildOutcome:
+                 compare_only: bool = False, no_gpu: bool = False) -> BuildOutcome:
     """The pin's oracle for this target: re-checked if in place, else built and published.
     ``fill_wheelhouse``: called under the build lock before a build is planned (the oracle
     cache's pull), so the plan takes what it put there. ``compiler_cache``: False compiles
@@ -103,7 +103,7 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
         if oracle.exists() and not rebuild:
             say(f"oracle already at {oracle.path}; re-checking its identity (every file "
                 "hashed)")
-            ident = identity.check(pin, target, oracle.path, deep=True)
+            ident = identity.check(pin, target, oracle.path, deep=True, no_gpu=no_gpu)
             if not ident.ok:
                 raise IdentityMismatch(
                     ident.mismatches, where=str(oracle.path),
@@ -114,7 +114,8 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
             fill_wheelhouse()
         p = plan(pin, target_name, home=home, wheelhouse_root=wheelhouse_root, mirror=mirror,
                  externals_dir=externals_dir, checkout=checkout,
-                 compiler_cache=compiler_cache, reuse_built=reuse_built, compare_only=compare_only)
+                 compiler_cache=compiler_cache, reuse_built=reuse_built, compare_only=compare_only,
+                 no_gpu=no_gpu)
         say(p.render())
         made = run(p)
         assert made is not None  # a plan without stop_after runs to its publish
@@ -157,7 +158,7 @@ class CheckOutcome:
 
 def check_rebuild(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                   mirror: str | None = None, externals_dir: Path | None = None,
-                  scratch_root: Path | None = None) -> CheckOutcome:
+                  scratch_root: Path | None = None, no_gpu: bool = False) -> CheckOutcome:
     """Nix's ``--check`` for a source oracle: build the pin again, cold (ccache into a
     throwaway folder: every object compiled, with the command lines the first build ran),
     in a scratch home at another path (``scratch_root``, default ``<home>/check``), from
@@ -189,7 +190,7 @@ def check_rebuild(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pa
             f"compared with {installed}")
         build_oracle(pin, target_name, home=scratch, wheelhouse_root=wheelhouse_root,
                      mirror=mirror, externals_dir=externals_dir, compiler_cache=False,
-                     reuse_built=False, compare_only=True)
+                     reuse_built=False, compare_only=True, no_gpu=no_gpu)
         rebuilt_venv = layout.oracle_path(scratch, pin.key)
         first = inventory.compiled_files(installed, src.distribution)
         second = inventory.compiled_files(rebuilt_venv, src.distribution)

@@ -197,6 +197,8 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
         if from_wheelhouse:
             steps.append(Step("wheelhouse", f"use the vLLM wheel built earlier for this pin: "
                               f"{built}", act.use_built))
+            # the wheel's compiled code is checked with the locked toolkit's cuobjdump
+            kit = _toolkit_step(pin, target, home, wh, steps)
         else:
             compilers = toolchain.compilers(pin)
             decisions = toolchain.decide_patches(pin, target_name, compilers)
@@ -238,14 +240,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                 "toolchain", "the compilers against the floors the (patched) source's own "
                 "CMake sets (a compiler below one stops here, exit 6, not deep in configure)",
                 act.toolchain_))
-            device = devices.module(target)
-            if device.BUILD_TOOLKIT:
-                lock_path = toolkit_path(pin.path, target)
-                kit = cudatoolkit.planned(
-                    home, load_toolkit(lock_path) if lock_path else None,
-                    device.toolkit_home({**pin.model.build.env, **target.build_env}))
-                steps.append(Step("toolkit", cudatoolkit.step_about(
-                    kit, target.machine, wh.root.parent / "toolkits"), act.toolkit))
+            kit = _toolkit_step(pin, target, home, wh, steps)
             blocked = []
             ext_cmds: list[Cmd] = []
             ext_env: dict[str, str] = {}
@@ -383,6 +378,21 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                 compilers=compilers, patches=decisions, compiler_cache=ccache,
                 stop_after=stop_after, last_times=last_times(home, pin.key),
                 compare_only=compare_only, toolkit=kit, no_gpu=no_gpu)
+
+
+def _toolkit_step(pin: Pin, target: Target, home: Path, wh: Wheelhouse,
+                  steps: list[Step]) -> cudatoolkit.Planned | None:
+    """The toolkit step of a target whose device builds with one (CUDA): the lock's wheels
+    or the host's toolkit, appended to ``steps``; None for other devices."""
+    device = devices.module(target)
+    if not device.BUILD_TOOLKIT:
+        return None
+    lock_path = toolkit_path(pin.path, target)
+    kit = cudatoolkit.planned(home, load_toolkit(lock_path) if lock_path else None,
+                              device.toolkit_home({**pin.model.build.env, **target.build_env}))
+    steps.append(Step("toolkit", cudatoolkit.step_about(
+        kit, target.machine, wh.root.parent / "toolkits"), act.toolkit))
+    return kit
 
 
 def patch_cmd(patch: Path, tree: Path) -> Cmd:

@@ -338,6 +338,7 @@ def toolkit(state: BuildState, step: Step) -> None:
                              p.target.machine)
     state.facts.preflight = {**state.facts.preflight,
                              "toolkit": {**kit.as_dict(), "key": kit.key_part(),
+                                         "home": str(kit.cuda_home),
                                          "launcher": str(p.toolkit.launcher)}}
 
 
@@ -620,8 +621,9 @@ def identity_(state: BuildState, step: Step) -> None:
     with ThreadPoolExecutor(1, thread_name_prefix="hash") as pool:
         hashing = pool.submit(inventory.hash_files, p.staging_venv, stop)
         try:
-            ident = identity.check(p.pin, p.target, p.staging_venv, log=p.log, staged=True,
-                                   no_gpu=p.no_gpu)
+            ident = identity.check(
+                p.pin, p.target, p.staging_venv, log=p.log, staged=True, no_gpu=p.no_gpu,
+                toolkit=str(p.toolkit.cuda_home) if p.toolkit is not None else None)
         except BaseException:
             stop.set()  # a failed or interrupted step does not wait for 3 GB of hashing
             raise
