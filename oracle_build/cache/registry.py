@@ -32,7 +32,6 @@ import io
 import os
 import re
 import socket
-import subprocess
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -46,6 +45,7 @@ from oracle_build.cache import transport
 from oracle_build.cache.ref import CacheRef
 from oracle_build.cache.transport import CHUNK, TIMEOUT
 from oracle_build.contracts.cache import DIGEST, MAX_DOCUMENT_BYTES, OCI_INDEX, OCI_MANIFEST
+from oracle_build.core import proc
 from oracle_build.core.env import tool_variable
 from oracle_build.core.errors import (
     CacheRefused,
@@ -251,40 +251,6 @@ HELPER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 HELPER_TIMEOUT = 30.0
 
 
-def _run_helper(argv: list[str], server: str, env: dict[str, str]
-                ) -> subprocess.CompletedProcess[str]:
-    """A credential helper, in a process group of its own: its answer is what it wrote by
-    the time it exited (a child it left holding its output does not hold us until the
-    timeout), and whatever it started goes with it, answered or hung."""
-    import signal
-
-    helper = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env,
-                              start_new_session=True)
-
-    def end_group() -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(helper.pid, signal.SIGKILL)
-
-    try:
-        assert helper.stdin is not None
-        with contextlib.suppress(BrokenPipeError):
-            helper.stdin.write(server)
-            helper.stdin.close()
-        helper.wait(timeout=HELPER_TIMEOUT)
-    except BaseException:
-        end_group()
-        helper.kill()
-        helper.wait()
-        raise
-    finally:
-        end_group()  # its children, if any: the pipes close, what it wrote is kept
-        assert helper.stdout is not None and helper.stderr is not None
-        with helper.stdout, helper.stderr:
-            out, err = helper.stdout.read(), helper.stderr.read()
-    return subprocess.CompletedProcess(argv, helper.returncode, out, err)
-
-
 def from_helper(name: str, server: str, config: Path, why: str,
                 env: dict[str, str]) -> Credentials | None:
     """The Docker credential helper protocol: ``docker-credential-NAME get``, the server on
@@ -302,8 +268,9 @@ def from_helper(name: str, server: str, config: Path, why: str,
                            "not on PATH", hint=f"install {program}, or remove {why} from "
                            f"{config} (or set ORACLE_BUILD_CACHE_USERNAME/_PASSWORD)")
     try:
-        done = _run_helper([path, "get"], server, {**os.environ, **env})
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        done = proc.exchange([path, "get"], server, env={**os.environ, **env},
+                             timeout=HELPER_TIMEOUT)
+    except OSError as exc:  # TimeoutError too
         raise RegistryAuth(f"{program} get (for {server}, from {why} in {config}) did not "
                            f"run: {type(exc).__name__}: {as_data(str(exc), 200)}") from None
     said = (done.stdout + done.stderr).strip()

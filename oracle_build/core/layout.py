@@ -121,9 +121,20 @@ def build_lock(home: Path, pin_key: str) -> Path:
 def engine_lock(home: Path) -> Path:
     """One engine at a time per oracle home: two engines can exhaust a host's memory.
     ``ORACLE_BUILD_ENGINE_LOCK`` names one lock file for every home on the host instead (a
-    gate host shared by several checkouts or CI jobs, each with a home of its own)."""
+    gate host shared by several checkouts or CI jobs, each with a home of its own). Its
+    folder is resolved, never its last component: a symlink there is the lock's own path, so
+    that ``filelock.held`` refuses it (O_NOFOLLOW) instead of truncating what it points at."""
     env = tool_variable("ORACLE_BUILD_ENGINE_LOCK")
-    return Path(env).expanduser().resolve() if env else home / "locks" / "engine.lock"
+    if not env:
+        return home / "locks" / "engine.lock"
+    path = Path(os.path.abspath(Path(env).expanduser()))
+    if not path.name:  # "/"
+        from oracle_build.core.errors import BadInput
+
+        raise BadInput("$ORACLE_BUILD_ENGINE_LOCK", [("<value>", "names a folder, not a lock "
+                                                      "file")],
+                       hint="set it to a file's path, say /var/lock/oracle-build-engine.lock")
+    return path.parent.resolve() / path.name
 
 
 def compile_cache(home: Path, pin_key: str) -> Path:

@@ -329,6 +329,57 @@ def query(argv: Sequence[str | os.PathLike[str]], *, env: Mapping[str, str] | No
 
 
 @dataclass(frozen=True)
+class Exchange:
+    """What a short exchange with a helper program gave: its exit and its two streams."""
+
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def exchange(argv: Sequence[str | os.PathLike[str]], stdin: str, *,
+             env: Mapping[str, str], timeout: float) -> Exchange:
+    """A helper program asked one question (a credential helper: the server on its stdin):
+    its stdout and stderr kept apart, in a process group of its own that dies with this
+    process (PDEATHSIG). Its answer is what it wrote by the time it exited: a child it left
+    holding its output does not hold us until the timeout, and whatever it started is ended
+    with its group, answered or hung. Raises OSError when it cannot start, TimeoutError
+    (an OSError) when it does not exit within ``timeout`` seconds."""
+    args = [os.fspath(a) for a in argv]
+    helper = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, errors="replace",
+                              env=dict(env), start_new_session=True,
+                              preexec_fn=_dies_with(os.getpid()))
+
+    def end_group() -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(helper.pid, signal.SIGKILL)
+
+    try:
+        assert helper.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            helper.stdin.write(stdin)
+            helper.stdin.close()
+        try:
+            helper.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"{Path(args[0]).name} did not answer within "
+                               f"{fmt_seconds(timeout)}") from None
+    except BaseException:
+        end_group()
+        helper.kill()
+        helper.wait()
+        raise
+    finally:
+        end_group()  # its children, if any: the pipes close, what it wrote is kept
+        assert helper.stdout is not None and helper.stderr is not None
+        with helper.stdout, helper.stderr:
+            out, err = helper.stdout.read(), helper.stderr.read()
+    return Exchange(args, helper.returncode, out, err)
+
+
+@dataclass(frozen=True)
 class Cmd:
     """A planned command: exactly what runs, as ``--dry-run`` prints it. Its environment is
     the build environment (``core.env.build_env()``) without ``unset``, plus ``env``."""

@@ -1,0 +1,66 @@
+"""The fourth hostile reading of main (issue 54): each case as the issue found it, a test that
+failed on 93e0121 and passes now (docs/reliability.md, "The fourth hostile reading")."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from oracle_build.core import layout
+from oracle_build.core.errors import BadInput, OutputFailed
+from oracle_build.core.filelock import held
+
+
+def test_a_symlinked_engine_lock_is_refused_and_its_target_untouched(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ORACLE_BUILD_ENGINE_LOCK a symlink: the lock's own path is the link (its folder
+    resolved, not its name), so held()'s O_NOFOLLOW refuses it, exit 14; before, the path was
+    resolved first and the link's target was truncated to a pid and locked."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    link = tmp_path / "engine.lock"
+    link.symlink_to(victim)
+    monkeypatch.setenv("ORACLE_BUILD_ENGINE_LOCK", str(link))
+    path = layout.engine_lock(tmp_path / "home")
+    assert path == link
+    with pytest.raises(OutputFailed) as err, held(path, what="a vLLM engine"):
+        pass
+    assert err.value.exit_code == 14 and "symlink" in str(err.value)
+    assert victim.read_text() == "precious\n"
+    # a symlinked folder above the lock is resolved (a lock under /var/lock -> /run/lock)
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "via").symlink_to(real)
+    monkeypatch.setenv("ORACLE_BUILD_ENGINE_LOCK", str(tmp_path / "via" / "e.lock"))
+    path = layout.engine_lock(tmp_path / "home")
+    assert path == real / "e.lock"
+    with held(path, what="a vLLM engine"):
+        assert path.read_text() == str(os.getpid())
+    monkeypatch.setenv("ORACLE_BUILD_ENGINE_LOCK", "/")
+    with pytest.raises(BadInput) as bad:
+        layout.engine_lock(tmp_path / "home")
+    assert bad.value.exit_code == 2 and "ORACLE_BUILD_ENGINE_LOCK" in str(bad.value)
+
+
+def test_every_process_the_harness_starts_goes_through_core_proc() -> None:
+    """One subprocess wrapper (core/proc.py): its process group, PDEATHSIG, the log. Before,
+    cache/registry.py ran the credential helper with subprocess of its own. The nvcc launcher
+    is not the harness: a standard-library program of its own that ccache runs (its module
+    docstring), copied into the toolkit."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "oracle_build"
+    allowed = {root / "core" / "proc.py", root / "recipe" / "cuda" / "launcher.py"}
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n.split(".")[0] in ("subprocess", "pty") for n in names) or (
+                    isinstance(node, ast.Attribute) and node.attr in
+                    ("system", "popen", "execv", "execvp", "spawnv", "posix_spawn")
+                    and isinstance(node.value, ast.Name) and node.value.id == "os"):
+                if path not in allowed:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert found == []
