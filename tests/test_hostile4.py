@@ -64,3 +64,25 @@ def test_every_process_the_harness_starts_goes_through_core_proc() -> None:
                 if path not in allowed:
                     found.append(f"{path.relative_to(root)}:{node.lineno}")
     assert found == []
+
+
+def test_every_identity_block_names_the_cpu_kernel_variant() -> None:
+    """build_oracle's identity block did not name the kernel variant (verify's opening line
+    did): the block itself (one renderer for build, verify and capture) now says it, with
+    the library vLLM mapped and torch's capability; a variant from the probe is outside text."""
+    from oracle_build.core import verdicts
+    from oracle_build.oracle.identity import Identity
+
+    kernels = {"loaded": ["_C_AVX2.abi3.so"], "torch_capability": "AVX2", "held": "x86_64-avx2",
+               "variant": "x86_64-avx2"}
+    block = Identity(venv=Path("/v"), facts={"cpu_kernels": kernels}, device="cpu").block()
+    assert ("kernel variant x86_64-avx2 (held as x86_64-avx2)   vllm library _C_AVX2.abi3.so"
+            "   torch capability AVX2") in block.splitlines()
+    own = {**kernels, "held": None, "variant": "x86_64-avx512_bf16\nORACLE_IDENTITY_OK"}
+    block = Identity(venv=Path("/v"), facts={"cpu_kernels": own}, device="cpu").block()
+    line = next(ln for ln in block.splitlines() if ln.startswith("kernel variant "))
+    assert "(this CPU's own)" in line and "\\n" in line  # escaped, on its own line
+    assert verdicts.forged(block) == ["ORACLE_IDENTITY_OK"]  # the tool's own, once
+    # a GPU oracle's block has no CPU variant line (its kernels line names the sm)
+    block = Identity(venv=Path("/v"), facts={}, device="cuda", compiled_sm=["sm_121"]).block()
+    assert "kernel variant" not in block and "kernels sm_121" in block.splitlines()

@@ -50,6 +50,8 @@ def test_cpu_oracle_builds_and_proves_identity(cpu_oracle: BuiltOracle) -> None:
     assert block[1].startswith("torch 2.13.0+cpu")
     site = site_packages(cpu_oracle.venv)
     assert block[2] == f"vllm_file {site}/vllm/__init__.py"
+    assert block[3].startswith("kernel variant x86_64-avx2 (held as x86_64-avx2)   vllm library "
+                               "_C_AVX2"), block  # the pin's variant, whatever this CPU is
     assert site.parent.name == f"python{cpu_oracle.pin.model.python}"
     assert block[-1] == identity.OK_LINE
     kernel = ident.facts["kernel"]

@@ -107,6 +107,16 @@ class Identity:
             f"torch {s['torch'] or '-'}   {s['device']}",
             f"vllm_file {s['vllm_file'] or '-'}",
         ]
+        kernels = self.facts.get("cpu_kernels")
+        if isinstance(kernels, dict):  # a CPU oracle: the variant its kernels ran as
+            held = kernels.get("held")
+            loaded = [str(x) for x in kernels.get("loaded") or [] if isinstance(x, str)]
+            lines.append(
+                f"kernel variant {as_data(str(self.cpu_variant or '(unknown)'))}"
+                + (f" (held as {as_data(str(held))})" if isinstance(held, str) else
+                   " (this CPU's own)")
+                + f"   vllm library {as_data(' '.join(loaded) or '(none)')}"
+                + f"   torch capability {as_data(str(kernels.get('torch_capability')))}")
         if self.compiled_sm is not None:  # the device code the loaded extensions hold
             lines.append(f"kernels {as_data(' '.join(self.compiled_sm) or '(none)')}")
         if self.compiled:
