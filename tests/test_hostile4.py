@@ -57,12 +57,12 @@ def test_every_process_the_harness_starts_goes_through_core_proc() -> None:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            if any(n.split(".")[0] in ("subprocess", "pty") for n in names) or (
-                    isinstance(node, ast.Attribute) and node.attr in
-                    ("system", "popen", "execv", "execvp", "spawnv", "posix_spawn")
-                    and isinstance(node.value, ast.Name) and node.value.id == "os"):
-                if path not in allowed:
-                    found.append(f"{path.relative_to(root)}:{node.lineno}")
+            starts = any(n.split(".")[0] in ("subprocess", "pty") for n in names) or (
+                isinstance(node, ast.Attribute) and node.attr in
+                ("system", "popen", "execv", "execvp", "spawnv", "posix_spawn")
+                and isinstance(node.value, ast.Name) and node.value.id == "os")
+            if starts and path not in allowed:
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
     assert found == []
 
 
@@ -86,3 +86,41 @@ def test_every_identity_block_names_the_cpu_kernel_variant() -> None:
     # a GPU oracle's block has no CPU variant line (its kernels line names the sm)
     block = Identity(venv=Path("/v"), facts={}, device="cuda", compiled_sm=["sm_121"]).block()
     assert "kernel variant" not in block and "kernels sm_121" in block.splitlines()
+
+
+BIG = "9" * 5000
+
+
+@pytest.mark.parametrize(("old", "new", "field"), [
+    ('when = "cxx < 12.3"', f'when = "cxx < {BIG}"', "patches[0].when"),
+    ('when = "cxx < 12.3"', f'when = "cxx < 1.{"9" * 65}"', "patches[0].when"),
+    ("size = 44549956", f"size = {BIG}", "line 27"),
+    ("size = 44549956", f"size = {'9' * 30}", "vllm.size"),
+    ('python = "3.11"', f'python = "3.{BIG}"', "python"),
+    ('python = "3.11"', 'python = "3.11; rm -rf /"', "python"),
+    ('runtime_version = "0.32.0"', f'runtime_version = "0.{BIG}"', "vllm.runtime_version"),
+    ('MAX_JOBS = "2"', 'MAX_JOBS = "100000"', "build.env"),
+    ('MAX_JOBS = "2"', 'MAX_JOBS = "0"', "build.env"),
+])
+def test_every_number_in_a_pin_is_bounded_exit_2_naming_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], old: str, new: str,
+        field: str) -> None:
+    """A patch's `when = "cxx < 999...9"` (5000 digits) was exit 70 (Python's int-string
+    limit); now every number in a pin (a string's digits, a TOML integer) is held to its
+    bound when the pin is read: exit 2, the file and the field named, no plan printed."""
+    import shutil
+
+    from oracle_build.cli import main
+
+    repo = Path(__file__).resolve().parents[1]
+    pins = tmp_path / "pins"
+    shutil.copytree(repo / "pins", pins)
+    text = (pins / "cpu-source.toml").read_text()
+    assert old in text
+    (pins / "cpu-source.toml").write_text(text.replace(old, new, 1))
+    code = main(["build", "--pin", str(pins / "cpu-source.toml"), "--dry-run",
+                 "--home", str(tmp_path / "home"), "--externals", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 2, err[-2000:]
+    assert str(pins / "cpu-source.toml") in err and f"  {field}: " in err, err[-2000:]
+    assert "$ " not in out  # nothing planned

@@ -534,7 +534,8 @@ def test_a_credential_helper_is_held_to_its_own_exit_and_its_children_end(
     assert time.monotonic() - start < 10
     monkeypatch.setattr(regmodule, "HELPER_TIMEOUT", 1.0)
     (docker / "config.json").write_text(json.dumps({"credsStore": "hung"}))
-    with pytest.raises(RegistryAuth, match="did not run: TimeoutError: docker-credential-hung did not answer"):
+    with pytest.raises(RegistryAuth,
+                       match="did not run: TimeoutError: docker-credential-hung did not answer"):
         credentials_for(ref, env)
     for pid in map(int, pids.read_text().split()):
         deadline = time.monotonic() + 10

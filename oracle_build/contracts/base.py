@@ -101,25 +101,44 @@ def printable(text: str) -> str:
     return as_data(text, limit=max(len(text) * 10, 1))
 
 
-def control_characters(value: Any, where: str = "") -> list[tuple[str, str]]:
-    """(field, problem) for every string in ``value`` (keys included) holding a control
-    character (a tab aside): a value that is printed could otherwise print a line of its own
-    (a newline and ``ORACLE_IDENTITY_OK``) or rewrite the terminal."""
+# A number in a file someone else wrote: at most this many digits in a row inside a string
+# (a version's part, a size, a patch's condition: Python's int() refuses 4,300 and more,
+# exit 70 before), and an integer within TOML's 64 bits.
+MAX_DIGITS = 64  # a sha256 in hex may be all digits
+DIGIT_RUN = re.compile(r"\d{" + str(MAX_DIGITS + 1) + ",}")
+INT_LIMIT = 2**63
+
+
+def unsafe_values(value: Any, where: str = "") -> list[tuple[str, str]]:
+    """(field, problem) for every value in ``value`` (keys included) that no field may hold,
+    whatever its type says: a string with a control character (a tab aside), which printed
+    could print a line of its own (a newline and ``ORACLE_IDENTITY_OK``) or rewrite the
+    terminal; a run of more than MAX_DIGITS digits; an integer outside 64 bits."""
     out: list[tuple[str, str]] = []
     if isinstance(value, dict):
         for k, v in value.items():
             field = f"{where}.{k}" if where else str(k)
             if CONTROL.search(str(k)):
                 out.append((field, "key holds a control character"))
-            out += control_characters(v, field)
+            elif DIGIT_RUN.search(str(k)):
+                out.append((field, f"key holds a number of more than {MAX_DIGITS} digits"))
+            out += unsafe_values(v, field)
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            out += control_characters(v, f"{where}[{i}]")
+            out += unsafe_values(v, f"{where}[{i}]")
     elif isinstance(value, str) and CONTROL.search(value):
         ch = CONTROL.search(value)
         assert ch is not None
         out.append((where or "<top level>", f"holds control character {ch.group()!r} "
                     "(newlines and escapes are refused in pin values)"))
+    elif isinstance(value, str) and DIGIT_RUN.search(value):
+        run = DIGIT_RUN.search(value)
+        assert run is not None
+        out.append((where or "<top level>", f"holds a number of {len(run.group())} digits "
+                    f"(at most {MAX_DIGITS})"))
+    elif isinstance(value, int) and not isinstance(value, bool) and \
+            not -INT_LIMIT <= value < INT_LIMIT:
+        out.append((where or "<top level>", "an integer outside 64 bits"))
     return out
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from oracle_build.contracts.base import SafeName, Sha256, Strict, control_characters
+from oracle_build.contracts.base import SafeName, Sha256, Strict, unsafe_values
 from oracle_build.core.errors import BadInput
 from oracle_build.core.files import load_toml, validate
 
@@ -64,7 +64,7 @@ def load_compiled(path: Path) -> CompiledLock:
         raise BadInput(path, [("<file>", "is a symbolic link: refused (the file of a pin's "
                                "compiled bytes lies beside it, itself)")])
     data = load_toml(path)
-    problems = control_characters(data)
+    problems = unsafe_values(data)
     if problems:  # its values are printed (identity's mismatches): no line of their own
         raise BadInput(path, problems)
     model = validate(CompiledLock, data, path)

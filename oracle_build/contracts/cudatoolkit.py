@@ -22,7 +22,7 @@ from oracle_build.contracts.base import (
     SafeName,
     Sha256,
     Strict,
-    control_characters,
+    unsafe_values,
 )
 from oracle_build.core.errors import BadInput
 from oracle_build.core.files import load_toml, validate
@@ -122,7 +122,7 @@ def load_toolkit(path: Path) -> ToolkitLock:
         raise BadInput(path, [("<file>", "is a symbolic link: refused (a toolkit lock lies "
                                "in pins/toolkits/, itself)")])
     data = load_toml(path)
-    problems = control_characters(data)
+    problems = unsafe_values(data)
     if problems:
         raise BadInput(path, problems)
     model = validate(ToolkitLock, data, path)
@@ -203,7 +203,7 @@ def load_kernels_spec(path: Path) -> KernelsSpec:
     if path.is_symlink():
         raise BadInput(path, [("<file>", "is a symbolic link: refused")])
     data = load_toml(path)
-    problems = control_characters(data)
+    problems = unsafe_values(data)
     if problems:
         raise BadInput(path, problems)
     model = validate(KernelsSpec, data, path)

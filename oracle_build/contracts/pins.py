@@ -29,9 +29,9 @@ from oracle_build.contracts.base import (
     SafeName,
     Sha256,
     Strict,
-    control_characters,
     dist_name,
     safe_name,
+    unsafe_values,
 )
 from oracle_build.contracts.cudatoolkit import load_toolkit
 from oracle_build.contracts.lock import LockEntry, parse_lock
@@ -76,6 +76,10 @@ def _check_env(env: dict[str, str]) -> dict[str, str]:
             raise ValueError(
                 "VLLM_USE_PRECOMPILED downloads kernels from nightly wheels; an oracle is "
                 "built from source, so a pin may not set it (older vLLM treats even '0' as on)")
+    jobs = env.get("MAX_JOBS")
+    if jobs is not None and not (jobs.isascii() and jobs.isdigit() and 1 <= int(jobs) <= 4096):
+        raise ValueError(f"MAX_JOBS = {jobs[:40]!r}: the compile's parallel jobs, a whole "
+                         "number from 1 to 4096")
     return env
 
 
@@ -430,7 +434,7 @@ class PinModel(Strict):
     schema_: int = Field(alias="schema")
     id: SafeName
     description: str = ""
-    python: str
+    python: Annotated[str, Field(pattern=r"^3\.[0-9]{1,3}$")]  # the venv's CPython, 3.X
     vllm: GitSource | ArchiveSource | WheelSource = Field(discriminator="kind")
     torch: Torch | None = None
     packages: dict[str, ExactVersion] = Field(default_factory=dict)
@@ -703,7 +707,7 @@ def _toolkit_digests(model: PinModel, path: Path) -> list[tuple[str, str]]:
 def load_pin(path: Path, *, check_lock: bool = True) -> Pin:
     path = Path(path)
     data = load_toml(path)
-    problems = control_characters(data)
+    problems = unsafe_values(data)
     if problems:  # a pin's values are printed (the plan): a newline could print any line
         raise BadInput(path, problems)
     model = validate(PinModel, data, path)

@@ -110,7 +110,9 @@ def load_toml(path: Path) -> dict[str, Any]:
     except RecursionError:
         raise BadInput(path, [("<nesting>", "TOML nested too deeply")]) from None
     except ValueError as exc:  # an integer past Python's digit limit, and the like
-        raise BadInput(path, [("<value>", f"not valid TOML: {str(exc)[:200]}")]) from None
+        long = re.search(r"[0-9_]{100,}", text)
+        field = (f"line {text.count(chr(10), 0, long.start()) + 1}" if long else "<value>")
+        raise BadInput(path, [(field, f"not valid TOML: {str(exc)[:200]}")]) from None
     _check_depth(value, path, what="TOML")
     return value
 
