@@ -2,8 +2,10 @@
 failed on 93e0121 and passes now (docs/reliability.md, "The fourth hostile reading")."""
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,3 +126,222 @@ def test_every_number_in_a_pin_is_bounded_exit_2_naming_it(
     assert code == 2, err[-2000:]
     assert str(pins / "cpu-source.toml") in err and f"  {field}: " in err, err[-2000:]
     assert "$ " not in out  # nothing planned
+
+
+# ----------------------------------------------------------------------------- externals
+
+
+def _zeros_archive(out: Path, top: str, size: int) -> None:
+    """A gzipped tar whose one member is ``size`` bytes of zeros (a few hundred KB on disk)."""
+    import io
+    import tarfile
+
+    class Zeros(io.RawIOBase):
+        def __init__(self) -> None:
+            self.left = size
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, b: Any) -> int:
+            n = min(len(b), self.left)
+            b[:n] = bytes(n)
+            self.left -= n
+            return n
+
+    with tarfile.open(out, "w:gz", compresslevel=1) as tf:
+        info = tarfile.TarInfo(f"{top}/zeros.bin")
+        info.size = size
+        tf.addfile(info, io.BufferedReader(Zeros(), 1 << 20))
+
+
+def test_each_source_of_an_external_is_tried_and_none_runs_or_prints_anything(
+        tmp_path: Path) -> None:
+    """Issue 54 (3, 4, 5): beside the archive that holds tinydep's tree, an --externals
+    folder holds a git mirror named as the external whose config names a command (a
+    promisor's uploadpack), a 0.1 MB archive of 100 MiB of zeros, an archive holding the
+    files plus a .git/ folder, and one whose file name holds verdict lines. Each is tried in
+    order and said (escaped), none runs anything or is unpacked past its bound, and the
+    build goes on from the archive that holds the tree. Before: the mirror stopped the build
+    (exit 5), the bomb was unpacked in full, the .git archive passed the tree check, and the
+    file name printed a bare `  => PASS` and a second ORACLE_IDENTITY_OK."""
+    import subprocess
+
+    from oracle_build.core import verdicts
+    from tests.srcpkg import git, make_sdist, write_sdist_pin
+    from tests.test_source_archive import build
+
+    s = make_sdist(tmp_path / "sdist")
+    pin = write_sdist_pin(s)
+    ext = s.externals
+    pwned = tmp_path / "PWNED"
+    mirror = ext / "tinydep"
+    subprocess.run(["git", "clone", "-q", "--mirror", str(tmp_path / "sdist" / "tinydep-repo"),
+                    str(mirror)], check=True)
+    git(mirror, "config", "remote.origin.promisor", "true")
+    git(mirror, "config", "extensions.partialclone", "origin")
+    git(mirror, "config", "remote.origin.uploadpack", f"touch {pwned}; git-upload-pack")
+    _zeros_archive(ext / "tinydep-0-bomb.tar.gz", "tinydep-1.0", 100 << 20)
+    assert (ext / "tinydep-0-bomb.tar.gz").stat().st_size < 1 << 20
+    work = tmp_path / "withgit" / "tinydep-1.0"
+    work.mkdir(parents=True)
+    subprocess.run(["tar", "-xzf", str(ext / "tinydep-1.0.tar.gz"), "-C", str(work.parent)],
+                   check=True)
+    (work / ".git").mkdir()
+    (work / ".git" / "config").write_text(f"[core]\n\tfsmonitor = touch {pwned}\n")
+    subprocess.run(["tar", "-czf", str(ext / "tinydep-0-git.tar.gz"), "-C", str(work.parent),
+                    "tinydep-1.0"], check=True)
+    forged = "tinydep-\nORACLE_IDENTITY_OK\n  => PASS\n.tar.gz"
+    subprocess.run(["tar", "-czf", str(ext / forged), "-C", str(tmp_path / "sdist"),
+                    "pins"], check=True)  # another tree: tried first, said, passed over
+    done = build(pin, tmp_path / "home", "--stop-after", "externals", externals=ext)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-3000:]
+    assert not pwned.exists()
+    assert f"tinydep: not from {mirror} (git mirror): the mirror {mirror}: its git config " \
+        "sets remote.origin.uploadpack" in said
+    assert "tinydep-0-bomb.tar.gz unpacks to more than 64 MiB" in said
+    assert "tinydep-0-git.tar.gz holds tinydep-1.0/.git" in said
+    assert "tinydep-\\nORACLE_IDENTITY_OK\\n  => PASS\\n.tar.gz" in said
+    assert f"tinydep: {ext / 'tinydep-1.0.tar.gz'} (archive) holds tree {s.tinydep_tree}" in said
+    assert verdicts.forged(said) == [] and "\n  => PASS" not in said
+    assert not list((tmp_path / "home").rglob("zeros.bin"))
+
+    # the archive that holds the tree, under a name of verdict lines: said escaped
+    for other in ("tinydep-0-bomb.tar.gz", "tinydep-0-git.tar.gz", forged):
+        (ext / other).unlink()
+    (ext / "tinydep-1.0.tar.gz").rename(ext / forged)
+    # and a broken mirror named as the external (no such commit): one source that failed
+    import shutil
+
+    shutil.rmtree(mirror)
+    subprocess.run(["git", "init", "-q", "--bare", str(mirror)], check=True)
+    done = build(pin, tmp_path / "home2", "--stop-after", "externals", externals=ext)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-3000:]
+    assert f"tinydep: not from {mirror} (git mirror): " in said
+    assert verdicts.forged(said) == [] and "\n  => PASS" not in said
+    assert "tinydep-\\nORACLE_IDENTITY_OK\\n  => PASS\\n.tar.gz (archive) holds tree" in said
+    assert not pwned.exists()
+
+
+# ----------------------------------------------------------------------------- downloads
+
+
+def test_a_fifo_where_the_archive_should_be_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A FIFO at the pin's file:// URL: `build` waited for ever. Only a regular file's bytes
+    are read: SourceError naming the URL, at once."""
+    import threading
+
+    from oracle_build.core.errors import SourceError
+    from oracle_build.recipe import archive
+
+    fifo = tmp_path / "vllm-0.32.0.tar.gz"
+    os.mkfifo(fifo)
+    out: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            archive.fetch(fifo.as_uri(), "0" * 64, tmp_path / "wh" / "vllm.tar.gz")
+            out.append(None)
+        except BaseException as exc:
+            out.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(15)
+    assert out, "fetch still waits on the FIFO"
+    assert isinstance(out[0], SourceError) and "not a regular file" in str(out[0])
+    assert not list((tmp_path / "wh").glob("*.part"))
+
+
+def _serve(body: Any) -> tuple[str, Any]:
+    """A loopback HTTP server whose one answer is written by ``body(wfile)``."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                body(self.wfile)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}/vllm.tar.gz", server
+
+
+def test_a_dripping_or_endless_download_is_stopped(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that sends a byte every 0.2 s never tripped the read timeout and had no
+    deadline; one that sends without end grew the .part file without bound when the pin
+    has no size. Now: below SPEED_LIMIT over SPEED_TIME stops (curl's --speed-limit), and
+    past MAX_DOWNLOAD (or the pin's size) stops, each named, no .part left."""
+    import time
+
+    from oracle_build.core.errors import SourceError
+    from oracle_build.recipe import archive
+
+    def drip(w: Any) -> None:
+        for _ in range(100):
+            w.write(b"x")
+            w.flush()
+            time.sleep(0.2)
+
+    def endless(w: Any) -> None:
+        for _ in range(1000):
+            w.write(b"y" * 65536)
+
+    monkeypatch.setattr(archive, "SPEED_TIME", 1.5)
+    monkeypatch.setattr(archive, "SPEED_LIMIT", 1000)
+    monkeypatch.setattr(archive, "CHUNK", 1)  # every byte read as it comes
+    url, server = _serve(drip)
+    start = time.monotonic()
+    with pytest.raises(SourceError, match=r"bytes a second over the last .* below the 1000"):
+        archive.fetch(url, "0" * 64, tmp_path / "a" / "vllm.tar.gz")
+    assert time.monotonic() - start < 10  # the drip lasts 20 s
+    server.shutdown()
+    server.server_close()
+    monkeypatch.setattr(archive, "CHUNK", 1 << 20)
+    monkeypatch.setattr(archive, "MAX_DOWNLOAD", 1 << 20)
+    url, server = _serve(endless)
+    with pytest.raises(SourceError, match="sent more than the 1048576 bytes a download may be"):
+        archive.fetch(url, "0" * 64, tmp_path / "b" / "vllm.tar.gz")
+    with pytest.raises(SourceError, match=r"sent more than the 4096 bytes the pin records"):
+        archive.fetch(url, "0" * 64, tmp_path / "c" / "vllm.tar.gz", size=4096)
+    server.shutdown()
+    server.server_close()
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".part")]
+
+
+def test_the_externals_command_reads_no_mirror_whose_config_names_a_command(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`externals --checkout DIR --externals MIRRORS` with a mirror whose config names a
+    command (a promisor remote's uploadpack, a core.fsmonitor): before, git ran in it; now
+    it is reported as the reason the external is unestablished, and nothing runs there."""
+    import subprocess
+    import tomllib
+
+    from oracle_build.cli import main
+    from tests.test_checkout import TREE, make_mirrors
+
+    make_mirrors(tmp_path / "mirrors")
+    pwned = tmp_path / "PWNED"
+    cutlass = tmp_path / "mirrors" / "cutlass"
+    for key, value in (("remote.origin.promisor", "true"),
+                       ("remote.origin.uploadpack", f"touch {pwned}; git-upload-pack"),
+                       ("core.fsmonitor", f"touch {pwned}; echo")):
+        subprocess.run(["git", "-C", str(cutlass), "config", key, value], check=True)
+    code = main(["externals", "--checkout", str(TREE), "--machine", "aarch64", "--externals",
+                 str(tmp_path / "mirrors")])
+    out, err = capsys.readouterr()
+    assert code == 10, err[-2000:]
+    entry = next(e for e in tomllib.loads(out)["externals"] if e["name"] == "cutlass")
+    reason = entry["commit"]["reason"]
+    assert "its git config sets core.fsmonitor, remote.origin.uploadpack" in reason
+    assert "nothing run there" in reason and "cutlass" in err
+    assert not pwned.exists()

@@ -48,8 +48,11 @@ ORACLE_RUN = {"PYTHONDONTWRITEBYTECODE": "1"}
 # system's libgomp in place of torch's own): never inherited; a pin's target env may set them.
 LOADER_PREFIX = "LD_"
 # git may only use transports that move data; never ext:: or fd:: (they run commands).
+# Every git the tool runs: safe transports only, no prompt, neither the system's nor the
+# user's configuration, no lazy fetch (git >= 2.45; older gits: source.check_mirror).
 GIT = {"GIT_ALLOW_PROTOCOL": "file:https:http:ssh:git", "GIT_TERMINAL_PROMPT": "0",
-       "GIT_CONFIG_NOSYSTEM": "1", "GIT_ADVICE": "0"}
+       "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_ADVICE": "0",
+       "GIT_NO_LAZY_FETCH": "1"}
 
 
 _told: set[str] = set()

@@ -9,17 +9,21 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import tarfile
 import tempfile
+import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from oracle_build.contracts.base import FULL_SHA
 from oracle_build.contracts.pins import ARCHIVE_SUFFIXES
 from oracle_build.core import env as envmod
 from oracle_build.core import proc
-from oracle_build.core.errors import BuildFailed, SourceError
+from oracle_build.core.errors import BuildFailed, SourceError, as_data
 from oracle_build.core.files import open_for_writing, sha256_file
 from oracle_build.core.log import say
 from oracle_build.recipe.source import GIT_SAFE
@@ -63,23 +67,63 @@ def is_archive(path: Path) -> bool:
     return path.is_file() and path.name.endswith(ARCHIVE_SUFFIXES)
 
 
-def unpack(archive: Path, dest: Path) -> Path:
+# An archive unpacks to at most this many bytes (its members' sizes summed), or this many
+# times its own size when that is more: vLLM 0.32.0's sdist (44.5 MB) unpacks to 120 MiB,
+# oneDNN v3.13's (14 MB) to 74 MiB, QuTLASS's (0.3 MB) to 1.3 MiB; a 0.5 MB archive of
+# 512 MiB of zeros is refused before a byte of it is written.
+UNPACKED_FLOOR = 64 << 20
+UNPACKED_RATIO = 16
+
+
+def unpacked_limit(archive: Path) -> int:
+    return max(UNPACKED_FLOOR, UNPACKED_RATIO * archive.stat().st_size)
+
+
+def _members(tf: tarfile.TarFile, archive: Path, limit: int) -> list[tarfile.TarInfo]:
+    """The archive's members, read (not written) up to ``limit`` bytes of content: a `.git`
+    entry of any kind at any depth is refused, naming it (a tree never holds one, and a git
+    run there later runs whatever its config says), and so is an archive past the limit."""
+    members: list[tarfile.TarInfo] = []
+    total = 0
+    for member in tf:
+        parts = member.name.replace("\\", "/").split("/")
+        if any(part.lower() == ".git" for part in parts):
+            raise SourceError(f"{as_data(str(archive))} holds {as_data(member.name, 200)}: a "
+                              "source archive never holds a .git entry (git would run what "
+                              "its config says): refused")
+        total += max(member.size, 0)
+        if total > limit:
+            raise SourceError(f"{as_data(str(archive))} unpacks to more than {limit >> 20} MiB "
+                              f"(the bound for an archive of {archive.stat().st_size} bytes): "
+                              "refused before writing it")
+        members.append(member)
+    return members
+
+
+def unpack(archive: Path, dest: Path, *, limit: int | None = None) -> Path:
     """Unpack ``archive`` into ``dest`` (which must not exist): its one top folder becomes
     ``dest``. Members are taken through tarfile's "data" filter (no absolute paths, no
-    links out of the tree, no devices, no set-id bits); anything else is refused."""
+    links out of the tree, no devices, no set-id bits); anything else is refused, and so is
+    a `.git` entry anywhere or content past ``limit`` bytes (``unpacked_limit``), both found
+    before anything is written."""
     if dest.exists():
         raise BuildFailed(f"{dest} already exists; refusing to unpack over it")
+    if not archive.is_file():
+        raise SourceError(f"{as_data(str(archive))} is not a regular file")
+    limit = unpacked_limit(archive) if limit is None else limit
     work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.unpack-", dir=dest.parent))
     try:
         try:
             with tarfile.open(archive) as tf:
-                tf.extractall(work, filter="data")
+                members = _members(tf, archive, limit)
+                tf.extractall(work, members=members, filter="data")
         except (tarfile.TarError, OSError, EOFError) as exc:
-            raise SourceError(f"{archive} could not be unpacked: {exc}") from None
+            raise SourceError(f"{as_data(str(archive))} could not be unpacked: "
+                              f"{as_data(str(exc), 300)}") from None
         tops = list(work.iterdir())
         if len(tops) != 1 or not tops[0].is_dir() or tops[0].is_symlink():
-            raise SourceError(f"{archive} does not hold exactly one top folder (found "
-                              f"{len(tops)} entries): not a source archive")
+            raise SourceError(f"{as_data(str(archive))} does not hold exactly one top folder "
+                              f"(found {len(tops)} entries): not a source archive")
         os.rename(tops[0], dest)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -92,10 +136,36 @@ class Fetched:
     origin: str  # "present" or the URL it came from
 
 
+# A download that stalls or crawls is stopped (curl's --speed-limit/--speed-time): less than
+# SPEED_LIMIT bytes a second over any SPEED_TIME seconds, or nothing at all for
+# DOWNLOAD_TIMEOUT seconds (a read's own timeout); with no size in the pin, it stops at
+# MAX_DOWNLOAD bytes (a release archive or a toolkit wheel is far below).
+SPEED_LIMIT = 10_000
+SPEED_TIME = 60.0
+MAX_DOWNLOAD = 16 << 30
+
+
+def _open_url(url: str) -> IO[bytes]:
+    """The URL's bytes: a file:// URL only as a regular file (a FIFO there would block the
+    build for ever, a device never end), opened without waiting; http(s) by urllib."""
+    if url.startswith("file://"):
+        path = urllib.request.url2pathname(urllib.parse.urlparse(url).path)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise SourceError(f"{as_data(url)}: not a regular file (a FIFO, a device or a "
+                              "socket): only a file's bytes are read")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    # the pin allows https, http and file URLs only (contracts/pins.py _archive_url)
+    return urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT)  # type: ignore[no-any-return]  # noqa: S310
+
+
 def fetch(url: str, sha256: str, dest: Path, *, size: int | None = None) -> Fetched:
     """``dest`` holding the bytes whose sha256 is ``sha256``: kept when it already does, else
     downloaded (file:// copied) beside it and moved in only once its hash matches. A file
-    with other bytes is never used: it is replaced, and said."""
+    with other bytes is never used: it is replaced, and said. A download past the pin's
+    ``size`` (or MAX_DOWNLOAD), or slower than SPEED_LIMIT over SPEED_TIME, stops, named."""
     if dest.is_file() and not dest.is_symlink():
         if sha256_file(dest) == sha256:
             return Fetched(dest, "present")
@@ -104,24 +174,39 @@ def fetch(url: str, sha256: str, dest: Path, *, size: int | None = None) -> Fetc
     part = dest.with_name(f".{dest.name}.{os.getpid()}.part")
     h = hashlib.sha256()
     got = 0
+    bound = size if size is not None else MAX_DOWNLOAD
+    shown = as_data(url, 300)
     try:
         try:
-            # the pin allows https, http and file URLs only (contracts/pins.py _archive_url)
-            answer = urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT)  # noqa: S310
+            answer = _open_url(url)
+            window_start, window_got = time.monotonic(), 0
             with answer, open_for_writing(part) as out:
                 while chunk := answer.read(CHUNK):
                     got += len(chunk)
-                    if size is not None and got > size:
-                        raise SourceError(f"{url} sent more than the {size} bytes the pin "
-                                          "records")
+                    if got > bound:
+                        raise SourceError(
+                            f"{shown} sent more than the {bound} bytes "
+                            + ("the pin records (vllm.size)" if size is not None else
+                               "a download may be (no size in the pin)"))
                     h.update(chunk)
                     out.write(chunk)
+                    now = time.monotonic()
+                    if now - window_start >= SPEED_TIME:
+                        rate = (got - window_got) / (now - window_start)
+                        if rate < SPEED_LIMIT:
+                            raise SourceError(
+                                f"{shown}: {rate:.0f} bytes a second over the last "
+                                f"{now - window_start:.0f} s, below the {SPEED_LIMIT} a "
+                                f"download must keep ({got} bytes in): stopped")
+                        window_start, window_got = now, got
+        except SourceError:
+            raise
         except (OSError, ValueError) as exc:
-            raise BuildFailed(f"could not fetch {url}: {exc}",
+            raise BuildFailed(f"could not fetch {shown}: {as_data(str(exc), 300)}",
                               hint="a host without this registry needs the archive copied "
                               f"into {dest.parent} (or a wheelhouse that holds it)") from None
         if h.hexdigest() != sha256:
-            raise SourceError(f"{url} has sha256 {h.hexdigest()}, the pin says {sha256}: "
+            raise SourceError(f"{shown} has sha256 {h.hexdigest()}, the pin says {sha256}: "
                               "not the pinned source")
         os.replace(part, dest)
     finally:

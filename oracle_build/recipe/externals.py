@@ -58,6 +58,8 @@ def externals_block(checkout: Path, *, device: str, machine: str,
                           "--externals MIRRORS (a git mirror of each external, named as here)")
             elif not mirror.exists():
                 reason = f"tag {dec.tag}: no mirror at {mirror}"
+            elif (refused := _refused_mirror(mirror)) is not None:
+                reason = refused
             else:
                 answer = git(["rev-parse", "--verify", "--quiet", f"{dec.tag}^{{commit}}"],
                              cwd=mirror, check=False, echo=False)
@@ -68,7 +70,8 @@ def externals_block(checkout: Path, *, device: str, machine: str,
         if commit is not None:
             lines.append(f"commit = {_toml_str(commit)}")
             mirror = mirrors / dec.name if mirrors else None
-            if mirror is not None and mirror.exists():  # the files it names, by content
+            if mirror is not None and mirror.exists() and _refused_mirror(mirror) is None:
+                # the files it names, by content
                 tree = git(["rev-parse", "--verify", "--quiet", f"{commit}^{{tree}}"],
                            cwd=mirror, check=False, echo=False)
                 if tree.returncode == 0 and FULL_SHA.match(tree.output.strip()):
@@ -78,3 +81,16 @@ def externals_block(checkout: Path, *, device: str, machine: str,
             missing.append(f"{dec.name}: {reason}")
         lines.append(f"source = {_toml_str(dec.source)}")
     return ExternalsBlock("\n".join(lines) + "\n", missing)
+
+
+def _refused_mirror(mirror: Path) -> str | None:
+    """Why ``mirror`` is not read (its git config would have git act: source.check_mirror),
+    or None."""
+    from oracle_build.core.errors import SourceError
+    from oracle_build.recipe.source import check_mirror
+
+    try:
+        check_mirror(mirror)
+    except SourceError as exc:
+        return exc.message
+    return None

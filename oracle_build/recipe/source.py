@@ -4,6 +4,7 @@ tags and a clean tree. Nothing here modifies a checkout the user owns."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -11,11 +12,27 @@ from typing import Any
 from oracle_build.contracts.pins import check_git_url
 from oracle_build.core import env as envmod
 from oracle_build.core import proc
-from oracle_build.core.errors import BuildFailed, SourceError
+from oracle_build.core.errors import BuildFailed, SourceError, as_data
 from oracle_build.core.proc import Cmd
 
 GIT_SAFE = ["-c", "protocol.ext.allow=never", "-c", "protocol.fd.allow=never",
-            "-c", "advice.detachedHead=false", "-c", "core.hooksPath=/dev/null"]
+            "-c", "advice.detachedHead=false", "-c", "core.hooksPath=/dev/null",
+            "-c", "core.fsmonitor=false"]
+
+# What a local mirror's own git configuration may hold: a plain clone's settings (a
+# partial clone's promisor remote included: its URL is held to GIT_ALLOW_PROTOCOL's
+# transports). Anything else is refused before git runs there: a remote's `uploadpack`
+# command runs on a lazy fetch, which GIT_NO_LAZY_FETCH stops only from git 2.45 on (Debian
+# 12 has 2.39); a `core.fsmonitor`, `core.sshCommand`, a filter's or a diff driver's
+# command, an include.
+MIRROR_KEYS = re.compile(
+    r"^(core\.(repositoryformatversion|filemode|bare|logallrefupdates|ignorecase|"
+    r"precomposeunicode|symlinks)"
+    r"|remote\.[^\n]+\.(url|fetch|mirror|tagopt|promisor|partialclonefilter)"
+    r"|branch\.[^\n]+\.(remote|merge)"
+    r"|extensions\.(objectformat|partialclone)|gc\.[a-z]+|init\.defaultbranch"
+    r"|uploadpack\.allow[a-z0-9]+"
+    r"|user\.(name|email))$")
 
 
 def git_cmd(args: list[str], *, cwd: Path | None = None, when: str | None = None) -> Cmd:
@@ -47,6 +64,37 @@ def check_origin(origin: str) -> str:
     except ValueError as exc:
         raise SourceError(f"refusing source {origin!r}: {exc}") from None
     return str(Path(origin).resolve()) if Path(origin).exists() else origin
+
+
+def check_mirror(folder: Path) -> None:
+    """A local git mirror (bare, or a work tree's ``.git``) whose configuration holds only a
+    plain clone's settings (MIRROR_KEYS); otherwise SourceError naming the keys, before any
+    git runs there. The file is read by ``git config --file`` (no include is followed, no
+    command runs)."""
+    gitdir = folder if (folder / "objects").is_dir() and (folder / "HEAD").is_file() \
+        else folder / ".git"
+    config = gitdir / "config"
+    if not config.exists():
+        return
+    if not config.is_file() or config.is_symlink():
+        raise SourceError(f"the mirror {as_data(str(folder))}: its git config is not a "
+                          "regular file: refused")
+    listed = proc.query(["git", "config", "--file", str(config), "--null", "--list"],
+                        env={**envmod.build_env(), **envmod.GIT}, timeout=60)
+    if not listed.ok:
+        raise SourceError(f"the mirror {as_data(str(folder))}: git cannot read its config: "
+                          f"{as_data(listed.output.strip()[-300:])}")
+    keys = sorted({item.split("\n", 1)[0].lower() for item in listed.output.split("\0")
+                   if item})
+    foreign = [k for k in keys if not MIRROR_KEYS.match(k)]
+    if foreign:
+        raise SourceError(
+            f"the mirror {as_data(str(folder))}: its git config sets "
+            + ", ".join(as_data(k, 80) for k in foreign[:8])
+            + ("..." if len(foreign) > 8 else "")
+            + ": git would act on it (a command it names, a lazy fetch); a mirror holds only "
+            "a plain clone's settings: refused, nothing run there",
+            hint=f"make a fresh mirror (git clone --mirror) or remove those keys from {config}")
 
 
 def verify_checkout(path: Path, commit: str, *, log: Path | None = None,
@@ -104,6 +152,8 @@ def clone_at(origin: str, dest: Path, commit: str, *, log: Path | None = None,
     is in it, and after checkout HEAD, history, tags and a clean tree (``verify_checkout``)."""
     clone, fetch_tags, checkout = clone_commands(origin, dest, commit)
     origin = check_origin(origin)
+    if Path(origin).is_dir():
+        check_mirror(Path(origin))
     if dest.exists():
         raise BuildFailed(f"{dest} already exists; refusing to clone over it")
     proc.run_cmd(clone, log=log, capture=True)

@@ -375,14 +375,22 @@ def _external_by_tree(state: BuildState, ext: Any) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tried: list[str] = []
     for cand in archive.candidates(p.externals_dir, ext.name):
+        shown = as_data(str(cand.path), 300)  # a file name is someone else's text
         if cand.kind == "mirror":
-            facts = source.clone_at(str(cand.path), dest, ext.commit, log=p.log,
-                                    need_tags=False)
-            tree = source.git(["rev-parse", f"{ext.commit}^{{tree}}"], cwd=dest, log=p.log,
-                              echo=False).output.strip()
+            try:  # a broken mirror (or one without the commit) is one source that failed
+                facts = source.clone_at(str(cand.path), dest, ext.commit, log=p.log,
+                                        need_tags=False)
+                tree = source.git(["rev-parse", f"{ext.commit}^{{tree}}"], cwd=dest,
+                                  log=p.log, echo=False).output.strip()
+            except (SourceError, BuildFailed) as exc:
+                shutil.rmtree(dest, ignore_errors=True)
+                tried.append(f"{shown} (git mirror): "
+                             f"{as_data(exc.message.splitlines()[0], 300)}")
+                continue
             if tree != ext.tree:
                 shutil.rmtree(dest)
-                tried.append(f"{cand.path} (git mirror): commit {ext.commit} has tree {tree}")
+                tried.append(f"{shown} (git mirror): commit {ext.commit} has tree "
+                             f"{as_data(tree, 80)}")
                 continue
             shutil.rmtree(dest / ".git")  # the files, as an archive would give them
             state.facts.externals = {**(state.facts.externals or {}),
@@ -391,18 +399,20 @@ def _external_by_tree(state: BuildState, ext: Any) -> None:
             try:
                 archive.unpack(cand.path, dest)
             except SourceError as exc:
-                tried.append(f"{cand.path}: {exc.message}")
+                tried.append(f"{shown}: {as_data(exc.message, 600)}")
                 continue
             tree = archive.tree_id(dest)
             if tree != ext.tree:
                 shutil.rmtree(dest)
-                tried.append(f"{cand.path} (archive): its files hash to tree {tree}")
+                tried.append(f"{shown} (archive): its files hash to tree {tree}")
                 continue
         state.facts.externals_by_tree = {
             **(state.facts.externals_by_tree or {}),
             ext.name: ExternalFacts(tree=ext.tree, commit=ext.commit, origin=str(cand.path),
                                     kind="mirror" if cand.kind == "mirror" else "archive")}
-        say(f"    {ext.name}: {cand.path} ({cand.kind}) holds tree {ext.tree}")
+        for passed in tried:  # what was tried first and did not hold it, said
+            say(f"    {ext.name}: not from {passed}")
+        say(f"    {ext.name}: {shown} ({cand.kind}) holds tree {ext.tree}")
         return
     raise SourceError(
         f"external {ext.name}: nothing in {p.externals_dir} holds its files (git tree "
