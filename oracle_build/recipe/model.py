@@ -15,7 +15,7 @@ from oracle_build.contracts.pins import ArchiveSource, FromSource, GitSource, Pi
 from oracle_build.contracts.probe import ResolvedPlan
 from oracle_build.contracts.record import BuildFacts
 from oracle_build.core import env as envmod
-from oracle_build.core import layout
+from oracle_build.core import layout, proc
 from oracle_build.core.files import load_json
 from oracle_build.core.log import Steps, fmt_seconds
 from oracle_build.core.proc import Cmd
@@ -221,3 +221,9 @@ def archive_path(wh: Wheelhouse, src: ArchiveSource) -> Path:
     """Where a pin's source archive is kept: in its wheelhouse, checked by sha256 at each
     use, so a rebuild after a reimage needs no registry."""
     return wh.root / "sources" / src.filename
+
+
+def run_logged(state: BuildState, cmd: Cmd, *, check: bool = True,
+               hint: str | None = None) -> proc.Result:
+    """One of a step's commands, its output appended to the build's log."""
+    return proc.run_cmd(cmd, log=state.plan.log, check=check, hint=hint)

@@ -28,6 +28,7 @@ from oracle_build.core import env as envmod
 from oracle_build.core import layout
 from oracle_build.core.proc import Cmd
 from oracle_build.oracle.venv import uv
+from oracle_build.recipe import prepare as prep
 from oracle_build.recipe import source, toolchain
 from oracle_build.recipe import steps as act
 from oracle_build.recipe.checkout import KNOWN_SWITCHES, CheckoutFacts, pin_problems, read_checkout
@@ -219,7 +220,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                     "source", f"clone {origin} (full history, tags), check out {src.commit}; "
                     "between the commands: not shallow, the commit present; after: HEAD, "
                     "full history, a reachable tag, a clean tree, and the externals its cmake "
-                    "files declare equal to the pin's", act.source_,
+                    "files declare equal to the pin's", prep.source_,
                     source.clone_commands(origin, staging / "src", src.commit), source_blocked))
             else:
                 assert isinstance(src, ArchiveSource)
@@ -228,18 +229,18 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                     f"{archive_path(wh, src)}, fetched from {src.url} when absent or other "
                     "bytes; unpacked into the staging folder; its vllm/_version.py must "
                     f"record commit {src.commit_id}; the externals its cmake files declare "
-                    "equal to the pin's", act.archive_source, [], source_blocked))
+                    "equal to the pin's", prep.archive_source, [], source_blocked))
             applying = [d for d in decisions if d.applies]
             if decisions:
                 steps.append(Step(
                     "patches", f"apply {len(applying)} of the pin's {len(decisions)} patches "
                     "to the staging copy, in order, each checked first (git apply --check: "
                     "no fuzz); one that does not apply stops the build (exit 5)",
-                    act.patches, [patch_cmd(d.path, staging / "src") for d in applying]))
+                    prep.patches, [patch_cmd(d.path, staging / "src") for d in applying]))
             steps.append(Step(
                 "toolchain", "the compilers against the floors the (patched) source's own "
                 "CMake sets (a compiler below one stops here, exit 6, not deep in configure)",
-                act.toolchain_))
+                prep.toolchain_))
             kit = _toolkit_step(pin, target, home, wh, steps)
             blocked = []
             ext_cmds: list[Cmd] = []
@@ -272,7 +273,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                        + f", from a git mirror or an archive in {externals_dir} whose files "
                        "hash to it (a wrong tree is refused, naming the external)"
                        if by_tree else ""),
-                    act.externals, ext_cmds, blocked))
+                    prep.externals, ext_cmds, blocked))
             build_env = wheel_build_env(pin, target, ext_env)
             rust_env, rust_unset = rust_switches(pin.model.build.rust_frontend)
             wheel_unset = (*WHEEL_UNSET, *(s for s in switches if s not in WHEEL_UNSET),
@@ -391,7 +392,7 @@ def _toolkit_step(pin: Pin, target: Target, home: Path, wh: Wheelhouse,
     kit = cudatoolkit.planned(home, load_toolkit(lock_path) if lock_path else None,
                               device.toolkit_home({**pin.model.build.env, **target.build_env}))
     steps.append(Step("toolkit", cudatoolkit.step_about(
-        kit, target.machine, wh.root.parent / "toolkits"), act.toolkit))
+        kit, target.machine, wh.root.parent / "toolkits"), prep.toolkit))
     return kit
 
 
