@@ -19,7 +19,8 @@ from oracle_build.contracts.golden import (
     as_format2,
     golden_json,
 )
-from oracle_build.contracts.pins import Pin, Target, load_pin
+from oracle_build.contracts.pins import Pin, load_pin
+from oracle_build.contracts.targets import Target
 from oracle_build.core.errors import BadInput, OutputFailed, Refused
 from oracle_build.core.files import atomic_write_bytes, json_value
 from oracle_build.core.layout import stamp

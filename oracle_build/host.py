@@ -24,7 +24,7 @@ from oracle_build.devices import Hold
 from oracle_build.devices.base import Gpu, Host
 
 if TYPE_CHECKING:
-    from oracle_build.contracts.pins import Target
+    from oracle_build.contracts.targets import Target
 
 REPO = Path(__file__).resolve().parent.parent
 

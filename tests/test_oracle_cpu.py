@@ -15,8 +15,8 @@ import pytest
 
 from oracle_build.cli import main
 from oracle_build.contracts import schemas
-from oracle_build.contracts.pins import CudaTarget
 from oracle_build.contracts.record import load_anchor, load_record
+from oracle_build.contracts.targets import CudaTarget
 from oracle_build.core import env as envmod
 from oracle_build.core import layout
 from oracle_build.core.errors import IdentityMismatch

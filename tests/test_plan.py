@@ -143,7 +143,7 @@ def test_build_preflight_disk_and_python(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_engine_memory_floor_gives_both_numbers() -> None:
-    from oracle_build.contracts.pins import CpuTarget as Target
+    from oracle_build.contracts.targets import CpuTarget as Target
     from oracle_build.core.errors import PreflightFailed
     from oracle_build.engine.session import memory_preflight
 

@@ -14,8 +14,9 @@ import pytest
 from oracle_build import devices
 from oracle_build.contracts import schemas
 from oracle_build.contracts.driver import DRIVER_SCHEMA, DriverResult
-from oracle_build.contracts.pins import CpuTarget, CudaTarget, RocmTarget, load_pin
+from oracle_build.contracts.pins import load_pin
 from oracle_build.contracts.record import load_anchor, load_record
+from oracle_build.contracts.targets import CpuTarget, CudaTarget, RocmTarget
 from oracle_build.core.errors import BadInput, EngineFailed
 from oracle_build.core.files import validate
 from oracle_build.engine.session import EngineResult
@@ -137,7 +138,7 @@ DEVICE_WORD = re.compile(rf"^({'|'.join(devices.MODULES)})(\b|$)")
 DEVICE_KNOWLEDGE = re.compile(
     r"nvidia-smi|rocminfo|amd-smi|\bnvcc\b|hipcc|cuobjdump|roc-obj-ls|gcn_arch|^sm_|\bsm_$|"
     r"CUDA_HOME|ROCM_HOME|TORCH_CUDA_ARCH|PYTORCH_ROCM|CUDA_FOUND|HIP_FOUND")
-# The target models name their device: the discriminator pydantic needs (contracts/pins.py)
+# The target models name their device: the discriminator pydantic needs (contracts/targets.py)
 # and the types of their fields
 TARGET_MODELS = {"CpuTarget", "CudaTarget", "RocmTarget", "SmCode", "GfxArch", "_gfx"}
 
@@ -165,7 +166,7 @@ def device_knowledge(source: str, rel: str) -> list[str]:
             getattr(getattr(node, "target", None), "id", None) if isinstance(
                 node, ast.AnnAssign) else (node.targets[0].id if isinstance(node, ast.Assign)
                                            and isinstance(node.targets[0], ast.Name) else None)
-        if rel == "contracts/pins.py" and named in TARGET_MODELS:
+        if rel == "contracts/targets.py" and named in TARGET_MODELS:
             skip.update(id(n) for n in ast.walk(node))
     found = []
     for node in ast.walk(tree):
@@ -242,7 +243,7 @@ def test_the_device_guard_catches_each_old_spelling(rel: str) -> None:
 def test_device_names_are_the_modules() -> None:
     """The devices package names the devices; the target models' discriminators are the
     same names, and every device answers the whole base interface."""
-    from oracle_build.contracts.pins import DEVICES
+    from oracle_build.contracts.targets import DEVICES
 
     assert sorted(DEVICES) == sorted(devices.MODULES) == sorted(devices.names())
     for name, device in devices.MODULES.items():

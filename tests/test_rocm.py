@@ -19,7 +19,8 @@ import pytest
 
 from oracle_build import devices, host, recipe
 from oracle_build.cli import main
-from oracle_build.contracts.pins import Target, load_pin
+from oracle_build.contracts.pins import load_pin
+from oracle_build.contracts.targets import Target
 from oracle_build.core.errors import BadInput, BuildFailed, PreflightFailed
 from oracle_build.core.log import Steps
 from oracle_build.devices import rocm

@@ -14,7 +14,8 @@ import pytest
 from oracle_build import devices, host, judge
 from oracle_build.cli import main
 from oracle_build.contracts.golden import load_golden, recorded
-from oracle_build.contracts.pins import KernelVariant, load_pin
+from oracle_build.contracts.pins import load_pin
+from oracle_build.contracts.targets import KernelVariant
 from oracle_build.core import env as envmod
 from oracle_build.core.errors import (
     EXIT_BAD_INPUT,

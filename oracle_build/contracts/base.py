@@ -154,3 +154,36 @@ def check_schema_number(data: Any, path: Path, key: str, supported: int) -> None
                                f"({supported}); upgrade oracle-build")])
     if number < 1:
         raise BadInput(path, [(key, f"unknown schema {number}")])
+
+
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+
+
+def check_env(env: dict[str, str]) -> dict[str, str]:
+    """A pin's environment table: variable names only, never VLLM_USE_PRECOMPILED, a sane
+    MAX_JOBS."""
+    for key in env:
+        if not ENV_NAME.match(key):
+            raise ValueError(f"{key!r} is not an environment variable name")
+        if key == "VLLM_USE_PRECOMPILED":
+            raise ValueError(
+                "VLLM_USE_PRECOMPILED downloads kernels from nightly wheels; an oracle is "
+                "built from source, so a pin may not set it (older vLLM treats even '0' as on)")
+    jobs = env.get("MAX_JOBS")
+    if jobs is not None and not (jobs.isascii() and jobs.isdigit() and 1 <= int(jobs) <= 4096):
+        raise ValueError(f"MAX_JOBS = {jobs[:40]!r}: the compile's parallel jobs, a whole "
+                         "number from 1 to 4096")
+    return env
+
+
+def relative_file(value: str) -> str:
+    """A file named relative to the pin's folder that stays inside it."""
+    parts = value.split("/")
+    if (not value or value.startswith("/") or any(part in ("", ".", "..") for part in parts)
+            or not all(SAFE_NAME_PART.match(part) for part in parts)):
+        raise ValueError(f"{value!r} must be a relative path inside the pin's folder "
+                         "(no '..', no absolute path, plain names)")
+    return value
+
+
+SAFE_NAME_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")

@@ -27,7 +27,8 @@ from oracle_build.devices.base import (
 )
 
 if TYPE_CHECKING:
-    from oracle_build.contracts.pins import Pin, Target
+    from oracle_build.contracts.pins import Pin
+    from oracle_build.contracts.targets import Target
 
 __all__ = ["MODULES", "NO_HOLD", "Build", "Device", "Gpu", "Hold", "Host", "Mismatch",
            "choose_target", "cmake_known", "default_gpu", "detect_gpus", "fits", "gpu_first",

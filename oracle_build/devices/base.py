@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from oracle_build.core.errors import PreflightFailed
 
 if TYPE_CHECKING:
-    from oracle_build.contracts.pins import Target
+    from oracle_build.contracts.targets import Target
 
 Mismatch = tuple[str, str, str]
 

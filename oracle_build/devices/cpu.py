@@ -19,7 +19,7 @@ from oracle_build.core.errors import BuildFailed, PreflightFailed
 from oracle_build.devices.base import Build, Device, Hold, Host, Mismatch
 
 if TYPE_CHECKING:
-    from oracle_build.contracts.pins import Target
+    from oracle_build.contracts.targets import Target
 
 # The pin's word for "whatever this host's CPU calls for" (today's behaviour before holding).
 NATIVE = "native"

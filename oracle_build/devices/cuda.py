@@ -13,7 +13,7 @@ from os import environ
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from oracle_build.contracts.pins import CudaTarget
+from oracle_build.contracts.targets import CudaTarget
 from oracle_build.core import proc
 from oracle_build.core.errors import BuildFailed, PreflightFailed
 from oracle_build.devices.base import (
@@ -28,7 +28,7 @@ from oracle_build.devices.base import (
 )
 
 if TYPE_CHECKING:
-    from oracle_build.contracts.pins import Target
+    from oracle_build.contracts.targets import Target
 
 
 def _cuda(target: Target) -> CudaTarget:

@@ -24,7 +24,7 @@ from os import environ
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from oracle_build.contracts.pins import RocmTarget
+from oracle_build.contracts.targets import RocmTarget
 from oracle_build.core import env as envmod
 from oracle_build.core import proc
 from oracle_build.core.errors import BuildFailed, PreflightFailed
@@ -40,7 +40,7 @@ from oracle_build.devices.base import (
 )
 
 if TYPE_CHECKING:
-    from oracle_build.contracts.pins import Target
+    from oracle_build.contracts.targets import Target
 
 DEFAULT_ROCM_HOME = "/opt/rocm"
 

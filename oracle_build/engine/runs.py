@@ -13,8 +13,8 @@ from oracle_build import devices
 from oracle_build.contracts.golden import (
     Recorded,
 )
-from oracle_build.contracts.pins import Target
 from oracle_build.contracts.spec import SamplingSpec, Spec
+from oracle_build.contracts.targets import Target
 from oracle_build.oracle.opening import Oracle
 
 T = TypeVar("T")

@@ -18,7 +18,7 @@ from oracle_build.contracts.golden import (
     ReadValue,
     Unreadable,
 )
-from oracle_build.contracts.pins import Target
+from oracle_build.contracts.targets import Target
 from oracle_build.contracts.topk import TopKTable
 from oracle_build.core import layout
 from oracle_build.core.env import CPU_NUMERICS, RECORDED_PREFIXES

@@ -26,11 +26,11 @@ from oracle_build.contracts.pins import (
     FromSource,
     GitSource,
     Pin,
-    Target,
     UnestablishedValue,
 )
 from oracle_build.contracts.probe import ProbeFacts
 from oracle_build.contracts.record import CompiledFacts, load_record
+from oracle_build.contracts.targets import Target
 from oracle_build.core import layout, verdicts
 from oracle_build.core.env import RECORDED_PREFIXES
 from oracle_build.core.errors import BadInput, BuildFailed, IdentityMismatch, as_data

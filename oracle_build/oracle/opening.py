@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oracle_build import devices, host
-from oracle_build.contracts.pins import Pin, Target
+from oracle_build.contracts.pins import Pin
+from oracle_build.contracts.targets import Target
 from oracle_build.core import layout
 from oracle_build.core.errors import (
     IdentityMismatch,

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from oracle_build import devices
-from oracle_build.contracts.pins import ArchiveSource, FromSource, GitSource, Pin, Target
+from oracle_build.contracts.pins import ArchiveSource, FromSource, GitSource, Pin
 from oracle_build.contracts.probe import ResolvedPlan
 from oracle_build.contracts.record import BuildFacts
+from oracle_build.contracts.targets import Target
 from oracle_build.core import env as envmod
 from oracle_build.core import layout, proc
 from oracle_build.core.files import load_json

@@ -20,10 +20,10 @@ from oracle_build.contracts.pins import (
     FromSource,
     GitSource,
     Pin,
-    Target,
     WheelSource,
     toolkit_path,
 )
+from oracle_build.contracts.targets import Target
 from oracle_build.core import env as envmod
 from oracle_build.core import layout
 from oracle_build.core.proc import Cmd

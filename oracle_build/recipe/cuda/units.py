@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from oracle_build.contracts.cudatoolkit import ToolkitWheel
-from oracle_build.contracts.pins import ArchiveSource, CudaTarget, Pin
+from oracle_build.contracts.pins import ArchiveSource, Pin
+from oracle_build.contracts.targets import CudaTarget
 from oracle_build.core import proc
 from oracle_build.core.errors import BuildFailed, PreflightFailed
 from oracle_build.core.files import sha256_file
