@@ -345,3 +345,17 @@ def test_the_externals_command_reads_no_mirror_whose_config_names_a_command(
     assert "its git config sets core.fsmonitor, remote.origin.uploadpack" in reason
     assert "nothing run there" in reason and "cutlass" in err
     assert not pwned.exists()
+
+
+@pytest.mark.parametrize("name", ["CC", "CXX", "CFLAGS", "CXXFLAGS", "LDFLAGS", "CPPFLAGS",
+                                  "NVCC_APPEND_FLAGS", "CCACHE_PREFIX", "LD_PRELOAD"])
+def test_a_capture_spec_may_not_choose_the_engines_compiler(name: str) -> None:
+    """Issue 54 (1): torch inductor compiles the engine's CPU kernels with CXX at run time,
+    so a spec's [env] naming a compiler or its flags is refused naming the key (LD_* was
+    already: the loader)."""
+    from oracle_build.core.env import spec_env_problems
+
+    problems = spec_env_problems({name: "gcc", "OMP_NUM_THREADS": "2"}, "env")
+    assert [field for field, _ in problems] == [f"env.{name}"]
+    if not name.startswith("LD_"):
+        assert "compiler" in problems[0][1]

@@ -149,10 +149,22 @@ def spec_env_problems(env: object, where: str) -> list[tuple[str, str]]:
     return out
 
 
+# A compiler, or flags for one: torch inductor compiles the engine's CPU kernels with CXX at
+# run time (and Triton, nvcc and hipcc read their own), so a spec naming one would choose the
+# compiler of the kernels the golden's numbers come from.
+SPEC_COMPILER_VARS = frozenset({
+    "CC", "CXX", "CPP", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "LDLIBS", "CUDAHOSTCXX",
+    "CUDACXX", "HIPCXX", "FC", "FFLAGS", "AR", "AS", "LD", "NM", "RANLIB", "STRIP", "OBJCOPY"})
+SPEC_COMPILER_PREFIXES = ("NVCC_", "HIPCC_", "CCACHE_", "DISTCC_", "SCCACHE_")
+
+
 def spec_env_problem(name: str, value: str) -> str | None:
     """Why a capture spec may not set ``name`` to ``value`` (None: it may)."""
     if not SPEC_ENV_NAME.match(name):
         return "is not an environment variable name (A-Z, 0-9 and _, at most 64)"
+    if name in SPEC_COMPILER_VARS or name.startswith(SPEC_COMPILER_PREFIXES):
+        return ("names a compiler or its flags: torch inductor compiles the engine's kernels "
+                "at run time, so a compiler of the spec's choosing would build them")
     if (name in SCRUBBED or name in CPU_NUMERICS or name in TOOL_SET or name in PASSED
             or name in DEVICE_SELECTION or name.startswith(("LD_", "PYTHON", "ORACLE_BUILD_"))):
         return ("is set by the tool, or never passed to the oracle (the held kernel variant, "
