@@ -359,3 +359,36 @@ def test_a_capture_spec_may_not_choose_the_engines_compiler(name: str) -> None:
     assert [field for field, _ in problems] == [f"env.{name}"]
     if not name.startswith("LD_"):
         assert "compiler" in problems[0][1]
+
+
+@pytest.mark.skipif(not __import__("shutil").which("ccache"), reason="needs ccache")
+def test_the_compiler_cache_reads_no_configuration_but_the_tools(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 54 (1): a compiler cache folder whose ccache.conf says `prefix_command =
+    /tmp/wrap.sh` ran the wrapper around every compile, unrecorded. Now the build's ccache
+    is pointed (CCACHE_CONFIGPATH) at a file nothing writes: ccache itself, asked for its
+    configuration under the build's settings, shows no prefix_command; the folder's file is
+    said once."""
+    import subprocess
+
+    from oracle_build.recipe import toolchain
+
+    folder = tmp_path / "cc"
+    folder.mkdir()
+    (folder / "ccache.conf").write_text(f"prefix_command = {tmp_path}/wrap.sh\n")
+    monkeypatch.setenv("ORACLE_BUILD_COMPILER_CACHE", str(folder))
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    cache = toolchain.compiler_cache(tmp_path / "home", staging)
+    assert "ccache.conf is not read" in capsys.readouterr().err
+    env = {**os.environ, **cache.env(staging, toolchain.PathMap(staging, ()))}
+    shown = subprocess.run(["ccache", "-p"], env=env, capture_output=True, text=True,
+                           check=True).stdout
+    assert "wrap.sh" not in shown and f"cache_dir = {folder}" in shown
+    # without it, the same folder's file is what ccache reads: the test can tell
+    env.pop("CCACHE_CONFIGPATH")
+    plain = subprocess.run(["ccache", "-p"], env=env, capture_output=True, text=True,
+                           check=True).stdout
+    assert "wrap.sh" in plain
+    assert not (staging / "ccache.conf.none").exists()

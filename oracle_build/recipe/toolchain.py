@@ -21,7 +21,8 @@ from oracle_build.contracts.record import ToolchainFacts
 from oracle_build.core import env as envmod
 from oracle_build.core import proc
 from oracle_build.core.env import tool_variable
-from oracle_build.core.errors import BadInput
+from oracle_build.core.errors import BadInput, as_data
+from oracle_build.core.log import say
 from oracle_build.recipe.cmake import Floor
 
 DEFAULTS = {"cc": "cc", "cxx": "c++"}
@@ -229,7 +230,12 @@ class CompilerCache:
         staging folder) are left out of the keys, so that another home still hits."""
         if not self.active:
             return {}
-        return {"CCACHE_DIR": str(self.folder), "CCACHE_BASEDIR": str(staging),
+        # ccache reads the file CCACHE_CONFIGPATH names instead of the cache folder's own
+        # ccache.conf and /etc's (a `prefix_command` there would run a wrapper around every
+        # compile, unrecorded): a path in the staging folder that nothing writes, so it reads
+        # no file at all, only the CCACHE_* settings below
+        return {"CCACHE_CONFIGPATH": str(staging / "ccache.conf.none"),
+                "CCACHE_DIR": str(self.folder), "CCACHE_BASEDIR": str(staging),
                 "CCACHE_NOHASHDIR": "true", "CCACHE_COMPILERCHECK": "content",
                 "CCACHE_DEPEND": "true", "CCACHE_IGNOREOPTIONS": " ".join(path_map.flags()),
                 "CCACHE_MAXSIZE": self.maxsize, "CCACHE_STATSLOG": str(self.stats_log)}
@@ -260,7 +266,15 @@ def compiler_cache(home: Path, staging: Path, *, cold: bool = False) -> Compiler
     if not re.fullmatch(r"\d+(\.\d+)?[kKMGT]?i?", maxsize):
         raise BadInput("$ORACLE_BUILD_COMPILER_CACHE_SIZE",
                        [("<value>", f"{maxsize!r} is not a size like 8G or 500M")])
+    conf = folder / "ccache.conf"
+    if ccache is not None and (conf.exists() or conf.is_symlink()) and str(conf) not in _TOLD:
+        _TOLD.add(str(conf))
+        say(f"note: {as_data(str(conf))} is not read: the build's compiler cache takes only "
+            "the settings the tool gives it (CCACHE_CONFIGPATH)")
     return CompilerCache(ccache, folder, maxsize, cold, staging / "ccache-stats.log")
+
+
+_TOLD: set[str] = set()
 
 
 @dataclass
