@@ -28,8 +28,9 @@ import pytest
 
 from oracle_build import cache
 from oracle_build.cache import CacheOptions
+from oracle_build.cache.credentials import Credentials, credentials_for
 from oracle_build.cache.ref import CacheRef, attestation_tag, parse, tag_for
-from oracle_build.cache.registry import Credentials, Registry, credentials_for
+from oracle_build.cache.registry import Registry
 from oracle_build.cache.signing import generate, load_signing_key, load_trusted, verify
 from oracle_build.cli import main
 from oracle_build.contracts.pins import load_pin

@@ -371,7 +371,7 @@ def test_a_pull_goes_through_the_proxy_and_its_credentials_do_not(
     the proxy as a CONNECT tunnel: the proxy sees the registry's host and port and its own
     Proxy-Authorization, never the registry's Authorization; NO_PROXY bypasses it (issue 32
     item 3)."""
-    from oracle_build.cache.registry import Credentials
+    from oracle_build.cache.credentials import Credentials
 
     proxy = ConnectProxy()
     handler = type("A", (Authed,), {"saw": []})
@@ -462,7 +462,7 @@ def test_credentials_from_a_docker_credential_helper(tmp_path: Path) -> None:
     item 4)."""
     import json
 
-    from oracle_build.cache.registry import credentials_for
+    from oracle_build.cache.credentials import credentials_for
     from oracle_build.core.errors import EXIT_REGISTRY_AUTH, RegistryAuth
 
     server = regmod.start(tmp_path / "reg", auth=("ci", "S3cretPW"))
@@ -515,8 +515,8 @@ def test_a_credential_helper_is_held_to_its_own_exit_and_its_children_end(
     import json
     import time
 
-    from oracle_build.cache import registry as regmodule
-    from oracle_build.cache.registry import credentials_for
+    from oracle_build.cache import credentials as regmodule
+    from oracle_build.cache.credentials import credentials_for
     from oracle_build.core.errors import RegistryAuth
 
     bin_dir, docker = tmp_path / "bin", tmp_path / "docker"

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from oracle_build.cache.credentials import Credentials, credentials_for
 from oracle_build.cache.ref import CacheRef
-from oracle_build.cache.registry import Credentials, Registry, credentials_for
+from oracle_build.cache.registry import Registry
 from oracle_build.cache.signing import SigningKey
 from oracle_build.contracts.pins import Pin
 from oracle_build.contracts.record import BuildRecord
