@@ -146,6 +146,17 @@ setup(ext_modules=[CMakeExtension("vllm._C")], cmdclass={"build_ext": cmake_buil
 ARCHIVE_PYPROJECT = PYPROJECT.replace(
     '"setuptools-scm>=8"]', '"setuptools-scm>=8", "cmake>=3.26", "ninja"]').replace(
     "[tool.setuptools_scm]\n", '[tool.setuptools_scm]\nversion_file = "vllm/_version.py"\n')
+# tinydep by FetchContent from the folder the build names, as vLLM's externals are
+FETCH_TINYDEP = """include(FetchContent)
+if (DEFINED ENV{FETCHCONTENT_SOURCE_DIR_TINYDEP})
+    set(FETCHCONTENT_SOURCE_DIR_TINYDEP $ENV{FETCHCONTENT_SOURCE_DIR_TINYDEP})
+endif()
+FetchContent_Declare(
+    tinydep
+    GIT_REPOSITORY https://github.com/example/tinydep.git
+    GIT_TAG v1.0)
+FetchContent_MakeAvailable(tinydep)
+"""
 ARCHIVE_CMAKE = """
 cmake_minimum_required(VERSION 3.26)
 project(srcpkg C)
@@ -155,16 +166,7 @@ if (NOT (CMAKE_C_COMPILER_ID STREQUAL "GNU" AND
     message(FATAL_ERROR "srcpkg requires gcc >= 99.0")
 endif()
 
-include(FetchContent)
-if (DEFINED ENV{FETCHCONTENT_SOURCE_DIR_TINYDEP})
-    set(FETCHCONTENT_SOURCE_DIR_TINYDEP $ENV{FETCHCONTENT_SOURCE_DIR_TINYDEP})
-endif()
-FetchContent_Declare(
-    tinydep
-    GIT_REPOSITORY https://github.com/example/tinydep.git
-    GIT_TAG v1.0)
-FetchContent_MakeAvailable(tinydep)
-
+""" + FETCH_TINYDEP + """
 find_package(Python REQUIRED COMPONENTS Interpreter Development.Module)
 add_library(_C MODULE csrc/ops.c)
 target_include_directories(_C PRIVATE ${Python_INCLUDE_DIRS} ${tinydep_SOURCE_DIR})
@@ -338,16 +340,7 @@ CUDA_CMAKE = """
 cmake_minimum_required(VERSION 3.26)
 project(srcpkg LANGUAGES C CUDA)
 
-include(FetchContent)
-if (DEFINED ENV{FETCHCONTENT_SOURCE_DIR_TINYDEP})
-    set(FETCHCONTENT_SOURCE_DIR_TINYDEP $ENV{FETCHCONTENT_SOURCE_DIR_TINYDEP})
-endif()
-FetchContent_Declare(
-    tinydep
-    GIT_REPOSITORY https://github.com/example/tinydep.git
-    GIT_TAG v1.0)
-FetchContent_MakeAvailable(tinydep)
-
+""" + FETCH_TINYDEP + """
 find_package(Python REQUIRED COMPONENTS Interpreter Development.Module)
 # the target's arch list as vLLM's CMake takes TORCH_CUDA_ARCH_LIST ("12.1": sm_121 code)
 string(REPLACE "." "" SRCPKG_ARCH "$ENV{TORCH_CUDA_ARCH_LIST}")

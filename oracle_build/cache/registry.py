@@ -50,7 +50,7 @@ from oracle_build.core.errors import (
     RegistryError,
     as_data,
 )
-from oracle_build.core.files import json_value
+from oracle_build.core.files import RateFloor, json_value
 from oracle_build.core.log import say
 
 RETRIES = 4
@@ -473,7 +473,7 @@ class Registry:
         hasher = hashlib.sha256()
         seen = 0
         breaks = 0  # consecutive breaks without a byte between them
-        window_start, window_seen = time.monotonic(), 0
+        floor = RateFloor(BLOB_MIN_RATE, BLOB_WINDOW)
         while True:
             assert resp.body is not None
             # a resumed answer: 206 from the byte asked, or 200 from the start when the
@@ -491,16 +491,12 @@ class Registry:
                         if not chunk:
                             continue
                     seen += len(chunk)
-                    now = time.monotonic()
-                    if now - window_start >= BLOB_WINDOW:
-                        rate = (seen - window_seen) / (now - window_start)
-                        if rate < BLOB_MIN_RATE:
-                            raise RegistryError(
-                                f"{self.ref}: GET blob {digest}: {rate / 1024:.1f} KiB/s over "
-                                f"the last {now - window_start:.0f} s, below the minimum of "
-                                f"{BLOB_MIN_RATE // 1024} KiB/s ({seen} of {size} bytes)",
-                                hint="is the registry (or a proxy before it) healthy?")
-                        window_start, window_seen = now, seen
+                    if (slow := floor.slow(seen)) is not None:
+                        raise RegistryError(
+                            f"{self.ref}: GET blob {digest}: {slow[0] / 1024:.1f} KiB/s over "
+                            f"the last {slow[1]:.0f} s, below the minimum of "
+                            f"{BLOB_MIN_RATE // 1024} KiB/s ({seen} of {size} bytes)",
+                            hint="is the registry (or a proxy before it) healthy?")
                     if seen > size:
                         raise CacheRefused(f"{self.ref}: blob {digest} is longer than the "
                                            f"{size} bytes its descriptor says")

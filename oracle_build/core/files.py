@@ -15,7 +15,9 @@ import os
 import re
 import stat
 import tempfile
+import time
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,6 +28,28 @@ from oracle_build.core.errors import BadInput, OutputFailed, as_data
 M = TypeVar("M", bound=BaseModel)
 
 MAX_JSON_DEPTH = 64
+
+
+@dataclass
+class RateFloor:
+    """A transfer held to a minimum average rate over every window of ``window`` seconds
+    (curl's --speed-limit/--speed-time): a peer that drips a byte at a time never trips a
+    read's own timeout. ``slow(total)`` after each read: (rate, seconds) when the window just
+    ended below ``minimum`` bytes a second, else None."""
+
+    minimum: float
+    window: float
+    start: float = field(default_factory=time.monotonic)
+    at_start: int = 0
+
+    def slow(self, total: int) -> tuple[float, float] | None:
+        now = time.monotonic()
+        seconds = now - self.start
+        if seconds < self.window:
+            return None
+        rate = (total - self.at_start) / seconds
+        self.start, self.at_start = now, total
+        return (rate, seconds) if rate < self.minimum else None
 
 
 def sha256_file(path: Path, *, chunk: int = 1 << 20) -> str:

@@ -12,7 +12,6 @@ import shutil
 import stat
 import tarfile
 import tempfile
-import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from oracle_build.contracts.pins import ARCHIVE_SUFFIXES
 from oracle_build.core import env as envmod
 from oracle_build.core import proc
 from oracle_build.core.errors import BuildFailed, SourceError, as_data
-from oracle_build.core.files import open_for_writing, sha256_file
+from oracle_build.core.files import RateFloor, open_for_writing, sha256_file
 from oracle_build.core.log import say
 from oracle_build.recipe.source import GIT_SAFE
 
@@ -179,7 +178,7 @@ def fetch(url: str, sha256: str, dest: Path, *, size: int | None = None) -> Fetc
     try:
         try:
             answer = _open_url(url)
-            window_start, window_got = time.monotonic(), 0
+            floor = RateFloor(SPEED_LIMIT, SPEED_TIME)
             with answer, open_for_writing(part) as out:
                 while chunk := answer.read(CHUNK):
                     got += len(chunk)
@@ -190,15 +189,11 @@ def fetch(url: str, sha256: str, dest: Path, *, size: int | None = None) -> Fetc
                                "a download may be (no size in the pin)"))
                     h.update(chunk)
                     out.write(chunk)
-                    now = time.monotonic()
-                    if now - window_start >= SPEED_TIME:
-                        rate = (got - window_got) / (now - window_start)
-                        if rate < SPEED_LIMIT:
-                            raise SourceError(
-                                f"{shown}: {rate:.0f} bytes a second over the last "
-                                f"{now - window_start:.0f} s, below the {SPEED_LIMIT} a "
-                                f"download must keep ({got} bytes in): stopped")
-                        window_start, window_got = now, got
+                    if (slow := floor.slow(got)) is not None:
+                        raise SourceError(
+                            f"{shown}: {slow[0]:.0f} bytes a second over the last "
+                            f"{slow[1]:.0f} s, below the {SPEED_LIMIT} a download must "
+                            f"keep ({got} bytes in): stopped")
         except SourceError:
             raise
         except (OSError, ValueError) as exc:
