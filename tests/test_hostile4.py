@@ -392,3 +392,141 @@ def test_the_compiler_cache_reads_no_configuration_but_the_tools(
                            check=True).stdout
     assert "wrap.sh" in plain
     assert not (staging / "ccache.conf.none").exists()
+
+
+# the small sdist's CMakeLists, one line more: a download no externals parser can see (a
+# future vLLM's may hold one), against a loopback server the test runs on the host
+PROBE_CMAKE = """
+file(DOWNLOAD "http://127.0.0.1:{port}/probe" "${{CMAKE_BINARY_DIR}}/probe.txt"
+     STATUS probe_status TIMEOUT 5)
+message(STATUS "probe: ${{probe_status}}")
+"""
+# a caller's CMake toolchain file that runs a command and plants bytes in every object
+TOOLCHAIN = """execute_process(COMMAND "{touch}" "{pwned}")
+set(CMAKE_C_FLAGS_INIT "-include {planted}")
+"""
+
+
+def _counting_server() -> tuple[int, list[str], Any]:
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"reached\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server.server_address[1], seen, server
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.skipif(not __import__("shutil").which("ccache"), reason="needs ccache")
+def test_a_build_takes_nothing_of_the_callers_environment_and_has_no_network(
+        tmp_path: Path) -> None:
+    """Issue 54 (1, 2): the small sdist, whose CMakeLists also downloads from a server the
+    test runs on the host's loopback, built by a caller whose environment names a CMake
+    toolchain file (it runs a command and plants bytes in every object), CPATH, CFLAGS,
+    a pip index, its own locale and time zone. The control first: the same toolchain file
+    and download in a plain CMake run on this host run the command and reach the server.
+    The build: exit 0, the command never ran, no planted bytes, the server saw nothing; the
+    caller's variables said once, by name; the record lists the environment the build ran
+    with (no variable of the caller's but the locale) and says the network was closed, as
+    identity does. Then `--check`: its second build's environment is stripped of the
+    caller's locale and time zone, and the bytes are the same."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from oracle_build.contracts.pins import load_pin
+    from tests.conftest import REPO
+    from tests.srcpkg import make_sdist, write_sdist_pin
+
+    port, seen, server = _counting_server()
+    try:
+        pwned = tmp_path / "PWNED"
+        planted = tmp_path / "planted.h"
+        planted.write_text('const char planted[] __attribute__((used)) = "PLANTED-BYTES";\n')
+        tc = tmp_path / "tc.cmake"
+        tc.write_text(TOOLCHAIN.format(touch=shutil.which("touch"), pwned=pwned,
+                                       planted=planted))
+        hostile = {"CMAKE_TOOLCHAIN_FILE": str(tc), "CPATH": str(tmp_path),
+                   "CFLAGS": "-DPLANTED=1", "CMAKE_GENERATOR": "Unix Makefiles",
+                   "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "LANG": "C.UTF-8",
+                   "TZ": "Asia/Tokyo", "SOME_API_TOKEN": "hunter2"}
+        # the control: what this environment does to a plain CMake run here
+        control = tmp_path / "control"
+        control.mkdir()
+        (control / "CMakeLists.txt").write_text(
+            "cmake_minimum_required(VERSION 3.20)\nproject(control C)\n"
+            + PROBE_CMAKE.format(port=port))
+        done = subprocess.run(["cmake", "-S", str(control), "-B", str(control / "b")],
+                              env={**os.environ, **hostile}, capture_output=True, text=True,
+                              timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert pwned.exists() and seen == ["/probe"], (seen, done.stdout[-2000:])
+        pwned.unlink()
+        seen.clear()
+
+        s = make_sdist(tmp_path / "w", cmake_extra=PROBE_CMAKE.format(port=port))
+        pin = write_sdist_pin(s)
+        env = {**os.environ, **hostile,
+               "ORACLE_BUILD_COMPILER_CACHE": str(tmp_path / "cc")}
+
+        def ob(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "oracle_build", "build", "--pin", str(pin), "--home",
+                 str(tmp_path / "home"), "--externals", str(s.externals), *args],
+                cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+                check=False)
+
+        first = ob()
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert not pwned.exists(), "the caller's toolchain file ran"
+        assert seen == [], f"the build reached the host's network: {seen}"
+        note = next(ln for ln in first.stderr.splitlines()
+                    if ln.startswith("note: the build's environment is built"))
+        for name in ("CMAKE_TOOLCHAIN_FILE", "CPATH", "CFLAGS", "CMAKE_GENERATOR"):
+            assert name in note
+        assert "hunter2" not in first.stderr + first.stdout
+        key = load_pin(pin).key
+        venv = layout.oracle_path(tmp_path / "home", key)
+        (lib,) = venv.glob("lib/python3.*/site-packages/vllm/_C*.so")
+        assert b"PLANTED-BYTES" not in lib.read_bytes()
+        record = json.loads(layout.build_record_path(venv).read_text())
+        environment = record["environment"]
+        assert environment["network"].startswith("closed (a network namespace")
+        for name in ("CMAKE_TOOLCHAIN_FILE", "CPATH", "CFLAGS", "CMAKE_GENERATOR"):
+            assert name in environment["dropped"] and name not in environment["base"]
+            assert environment["wheel"].get(name) != hostile[name]  # CFLAGS: the path map
+        assert set(environment["base"]) <= {"PATH", "HOME", "TMPDIR", "SOURCE_DATE_EPOCH",
+                                            "LANG", "TZ", "USER", "LOGNAME", "TERM",
+                                            "LANGUAGE", "NO_COLOR", "MAX_JOBS"} | {
+            k for k in environment["base"] if k.startswith("LC_")}
+        assert environment["base"]["TZ"] == "Asia/Tokyo"
+        assert environment["base"]["HOME"] == "<staging>/home"
+        assert environment["wheel"]["CMAKE_ARGS"]
+        assert "SOME_API_TOKEN" not in environment["wheel"]
+        # the build log holds CMake's own word: the download failed, inside the namespace
+        (kept,) = (venv / "oracle-build").glob("build.log")
+        assert "probe: 7;" in kept.read_text() or "probe: 6;" in kept.read_text()
+        assert "built with the network closed (" in first.stdout
+
+        check = ob("--check")
+        assert check.returncode == 0, check.stderr[-3000:]
+        assert "stripped: LANG=C.UTF-8, TZ=UTC" in check.stderr
+        assert "ORACLE_REPRODUCED: 1 compiled files compared" in check.stdout
+        assert not pwned.exists() and seen == []
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -175,6 +175,24 @@ class BuildFacts(BaseModel):
     toolchain: ToolchainFacts | None = None
     externals_by_tree: dict[str, ExternalFacts] | None = None
     compiler_cache: CompilerCacheFacts | None = None
+    # the wheel build's environment as it ran (names and values, the staging folder as
+    # <staging>, a secret's value "<set>")
+    wheel_environment: dict[str, str] | None = None
+
+
+class BuildEnvironment(Strict):
+    """What reached the build's processes (issue 54): built, not inherited."""
+
+    # what every command started from (the allow-list, the made PATH, HOME, TMPDIR)
+    base: dict[str, str]
+    # the wheel build's whole environment (None: no wheel was built)
+    wheel: dict[str, str] | None
+    # "closed (<how>) ..." or "open (<why>)"
+    network: str
+    # the caller's variables a build reads that it did not pass, by name; and how many others
+    dropped: list[str]
+    dropped_others: int = Field(ge=0)
+    stripped: bool  # build_oracle --check's second build: the caller's locale replaced
 
 
 class ToolFacts(Strict):
@@ -243,6 +261,8 @@ class BuildRecord(Strict):
     compiler_cache: CompilerCacheFacts | None = None
     compiled: CompiledFacts | None = None
     manifest: ManifestSummary
+    # absent in records written before issue 54
+    environment: BuildEnvironment | None = None
 
 
 class Anchor(Strict):

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 from oracle_build.core.log import say
 
@@ -179,14 +182,184 @@ def spec_env_problem(name: str, value: str) -> str | None:
     return None
 
 
+# What of the caller's environment reaches a process of a build (fetch, unpack, externals,
+# patches, configure, compile, pip wheel, install, identity): what a process needs to run and
+# to talk to a person (locale, terminal, who). Everything else of a build's environment is
+# made: a PATH of the recorded toolchain's folders and the system's, a HOME and TMPDIR of the
+# build's own (``BuildBase``), SOURCE_DATE_EPOCH, the tool's settings (the compiler cache,
+# MAX_JOBS, the CMake arguments), the pin's and the target's build_env. Nix's pure build
+# environment, Bazel's --incompatible_strict_action_env, pip's isolated build environment.
+BUILD_PASSED = ("USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TERM", "NO_COLOR")
+BUILD_PASSED_PREFIXES = ("LC_",)
+# A command that downloads (pip download of the lock, a uv install from an index) also gets
+# where the network is and what it trusts, and pip's own configuration (the caller's HOME:
+# pip.conf, find-links): what it may fetch is fixed by the lock's sha256 or the pin's index,
+# where it fetches it from is the host's business.
+NETWORK_PASSED = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy",
+                  "https_proxy", "no_proxy", "all_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR",
+                  "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "HOME")
+NETWORK_PASSED_PREFIXES = ("PIP_",)
+# The stripped environment of build_oracle --check's second build: the caller's BUILD_PASSED
+# replaced by these, so that a build whose bytes follow the caller's locale or time zone is
+# told apart from one that does not.
+STRIPPED = {"LANG": "C.UTF-8", "TZ": "UTC", "USER": "oracle-build", "LOGNAME": "oracle-build"}
+# The caller's parallel-jobs setting is the tool's to take (a count, checked): it changes how
+# long, never what.
+JOBS = "MAX_JOBS"
+# The system's folders, last on every build's PATH (after the staging venv's and the recorded
+# toolchain's): what a build's own scripts call by name (sh, uname, ld through the compiler).
+SYSTEM_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+# The caller's variables a build's dropped note names, by name (what CMake, a compiler,
+# ccache, pip, setuptools, vLLM's setup.py or torch's extension builder read); the rest are
+# counted.
+READ_BY_BUILD = ("CMAKE", "CC", "CXX", "CPP", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS",
+                 "LDLIBS", "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "OBJC_INCLUDE_PATH",
+                 "LIBRARY_PATH", "GCC_", "COMPILER_PATH", "LD_", "PIP_", "PYTHON", "UV_",
+                 "GIT_", "CCACHE_", "VLLM_", "TORCH", "CUDA", "NVCC", "HIP", "ROCM", "NINJA",
+                 "MAKEFLAGS", "MFLAGS", "SETUPTOOLS", "DISTUTILS", "CARGO", "RUST",
+                 "PKG_CONFIG", "VIRTUAL_ENV", "CONDA", "MKL", "OMP_", "DNNL", "ONEDNN", "XDG_",
+                 "FETCHCONTENT", "SOURCE_DATE_EPOCH", "TMPDIR", "HOME", "PATH")
+# A value that looks like a secret by its name is recorded as set, not shown.
+SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "APIKEY",
+                "API_KEY", "PRIVATE")
+
+
 def build_dropped(key: str) -> bool:
     return (key in SCRUBBED or key.startswith(BUILD_DROPPED_PREFIXES)
             or (key.startswith("VLLM_") and "PRECOMPILED" in key))
 
 
-def build_env() -> dict[str, str]:
-    """The base environment of every build command; each command overlays its own."""
-    return {k: v for k, v in os.environ.items() if not build_dropped(k)}
+@dataclass(frozen=True)
+class BuildBase:
+    """What a build's every process starts from besides the allow-list: the PATH the plan
+    made, the build's own HOME and TMPDIR, and whether the caller's BUILD_PASSED are
+    replaced (``stripped``: build_oracle --check's second build)."""
+
+    path: str
+    home: str
+    tmpdir: str
+    stripped: bool = False
+    # how the build's commands that do not download have their network closed
+    # (core.proc.CLOSURES' key), None: open
+    network: str | None = None
+
+    def env(self, *, network: bool = False) -> dict[str, str]:
+        env = (dict(STRIPPED) if self.stripped else
+               {k: v for k, v in os.environ.items() if build_passed(k)})
+        env.update({"PATH": self.path, "HOME": self.home, "TMPDIR": self.tmpdir,
+                    **BYTECODE})
+        jobs = jobs_setting()
+        if jobs is not None:
+            env[JOBS] = jobs
+        if network:
+            env.update({k: v for k, v in os.environ.items() if network_passed(k)})
+        return env
+
+
+_base: BuildBase | None = None
+
+
+@contextmanager
+def building(base: BuildBase) -> Iterator[None]:
+    """Every build command run inside starts from ``base`` (``build_env``)."""
+    global _base
+    before, _base = _base, base
+    Path(base.home).mkdir(parents=True, exist_ok=True)
+    Path(base.tmpdir).mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    finally:
+        _base = before
+
+
+def current_base() -> BuildBase | None:
+    return _base
+
+
+def build_passed(key: str) -> bool:
+    return key in BUILD_PASSED or key.startswith(BUILD_PASSED_PREFIXES)
+
+
+def network_passed(key: str) -> bool:
+    return (key in NETWORK_PASSED or key.startswith(NETWORK_PASSED_PREFIXES)) and not (
+        build_dropped(key))
+
+
+def jobs_setting() -> str | None:
+    """The caller's MAX_JOBS, when it is a count from 1 to 4096 (else refused, exit 2)."""
+    from oracle_build.core.errors import BadInput
+
+    value = os.environ.get(JOBS)
+    if not value:
+        return None
+    if not re.fullmatch(r"[1-9][0-9]{0,3}", value) or int(value) > 4096:
+        raise BadInput(f"${JOBS}", [("<value>", f"{as_shown(value)}: not a count of parallel "
+                                     "jobs from 1 to 4096")], hint=f"unset {JOBS} or set it "
+                       "to a count")
+    return value
+
+
+def build_env(*, network: bool = False) -> dict[str, str]:
+    """The base environment of every build command; each command overlays its own. Inside a
+    build (``building``): the allow-list and the build's made PATH, HOME and TMPDIR. Outside
+    one (a version query while planning, `oracle-build externals`): the allow-list with the
+    caller's PATH, HOME and TMPDIR."""
+    if _base is not None:
+        return _base.env(network=network)
+    env = {k: v for k, v in os.environ.items()
+           if build_passed(k) or k in ("PATH", "HOME", "TMPDIR")
+           or (network and network_passed(k))}
+    jobs = jobs_setting()
+    if jobs is not None:
+        env[JOBS] = jobs
+    return env
+
+
+def made_path(first: list[str], tools: list[str | None]) -> str:
+    """A build's PATH: ``first`` (the staging venv's bin), the folders of the recorded
+    tools (the compilers, ccache, git), then the system's; each folder once."""
+    out: list[str] = []
+    for folder in [*first, *(os.path.dirname(t) for t in tools if t), *SYSTEM_PATH]:
+        if folder and folder not in out:
+            out.append(folder)
+    return os.pathsep.join(out)
+
+
+def dropped_from_build() -> tuple[list[str], int]:
+    """The caller's variables a build does not pass: those a build's tools read, by name
+    (sorted), and how many others. PATH, HOME and TMPDIR are the build's own (made), a
+    download's settings reach the downloads."""
+    named, others = [], 0
+    for key in sorted(os.environ):
+        if build_passed(key) or key in ("PATH", "HOME", "TMPDIR") or network_passed(key):
+            continue
+        if key.startswith(READ_BY_BUILD):
+            named.append(key)
+        else:
+            others += 1
+    return named, others
+
+
+def say_dropped_from_build() -> None:
+    """Said once per process of the tool, naming what it has not named before."""
+    named, others = dropped_from_build()
+    untold = [k for k in named if ("build", k) not in _told_build]
+    if not untold:
+        return
+    _told_build.update(("build", k) for k in untold)
+    say(f"note: the build's environment is built, not inherited: "
+        f"{', '.join(as_shown(k) for k in untold)}"
+        + (f" and {others} other variables" if others else "")
+        + " of the caller's not passed (docs/build-and-identity.md#what-reaches-a-build)")
+
+
+_told_build: set[tuple[str, str]] = set()
+
+
+def masked(env: Mapping[str, str]) -> dict[str, str]:
+    """An environment for a record: a value whose name looks like a secret's is "<set>"."""
+    return {k: ("<set>" if any(w in k.upper() for w in SECRET_WORDS) else v)
+            for k, v in sorted(env.items())}
 
 
 def recorded(env: Mapping[str, str]) -> dict[str, str]:

@@ -8,11 +8,13 @@ and on failure raises with the tail of the output and the log's path.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -20,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oracle_build.core.env import SHOWN_PREFIXES, build_env
+from oracle_build.core.env import SHOWN_PREFIXES, build_env, current_base
 from oracle_build.core.errors import BuildFailed
 from oracle_build.core.files import open_for_writing
 from oracle_build.core.log import fmt_seconds, say
@@ -91,6 +93,86 @@ def _dies_with(parent: int) -> Callable[[], None] | None:
     return arm
 
 
+# A build's network: closed for every command that does not download, where the host
+# allows it (a network namespace of the command's own, loopback up and nothing else), so a
+# fetch the recipe does not know of (a future CMakeLists' FetchContent, a setup.py's
+# download) fails instead of reaching the network.
+_CLONE_NEWNET = 0x40000000
+_CLONE_NEWUSER = 0x10000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_IFREQ = "16sH22x"  # struct ifreq: the name, the flags, the rest of the union (40 bytes)
+CLOSURES = {
+    "netns": "a network namespace of its own (unshare(CLONE_NEWNET), as root), loopback only",
+    "userns": "a user and network namespace of its own (unshare(CLONE_NEWUSER | "
+              "CLONE_NEWNET), unprivileged), loopback only",
+}
+
+
+def _unshare_network(how: str) -> None:
+    """In the child, before its exec: a network namespace with only loopback, up."""
+    import ctypes
+    import fcntl
+    import socket
+    import struct
+
+    uid, gid = os.getuid(), os.getgid()
+    flags = _CLONE_NEWNET | (_CLONE_NEWUSER if how == "userns" else 0)
+    if ctypes.CDLL(None, use_errno=True).unshare(flags) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare: {os.strerror(err)}")
+    if how == "userns":  # this user as itself inside: the files it writes stay its own
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                           ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        got = fcntl.ioctl(sock, _SIOCGIFFLAGS, struct.pack(_IFREQ, b"lo", 0))
+        up = struct.unpack(_IFREQ, got)[1] | _IFF_UP
+        fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack(_IFREQ, b"lo", up))
+
+
+def _preexec(parent: int, closed: str | None) -> Callable[[], None] | None:
+    dies = _dies_with(parent)
+    if closed is None:
+        return dies
+
+    def both() -> None:
+        if dies is not None:
+            dies()
+        _unshare_network(closed)
+
+    return both
+
+
+_closure: tuple[str | None, str] | None = None
+
+
+def network_closure() -> tuple[str | None, str]:
+    """How this host closes a build command's network: ("netns" or "userns", what it is),
+    or (None, why it cannot). Measured once per process, by running /bin/true closed."""
+    global _closure
+    if _closure is not None:
+        return _closure
+    if not sys.platform.startswith("linux"):
+        _closure = (None, f"no network namespaces on {sys.platform}")
+        return _closure
+    tried = []
+    for how in (["netns", "userns"] if os.geteuid() == 0 else ["userns"]):
+        try:
+            done = subprocess.run(["/bin/true"], preexec_fn=functools.partial(
+                _unshare_network, how), capture_output=True, timeout=30, check=False)
+        except (OSError, subprocess.SubprocessError) as exc:
+            tried.append(f"{how}: {str(exc)[:120]}")
+            continue
+        if done.returncode == 0:
+            _closure = (how, CLOSURES[how])
+            return _closure
+        tried.append(f"{how}: /bin/true exited {done.returncode}")
+    _closure = (None, "this host refuses a network namespace to this user ("
+                + "; ".join(tried) + "): the build ran with the host's network")
+    return _closure
+
+
 def leftovers(folder: Path) -> list[int]:
     """Processes of this user still working in ``folder`` (their command line or working
     directory under it), other than this process's own group: what a build that died left
@@ -141,7 +223,7 @@ class Live:
                  env: Mapping[str, str] | None = None, cwd: Path | None = None,
                  capture: bool = False, echo: bool = True, what: str | None = None,
                  hint: str | None = None, stdin: bool = False,
-                 stop_at: str | None = None) -> None:
+                 stop_at: str | None = None, closed: str | None = None) -> None:
         self.args = [os.fspath(a) for a in argv]
         # a line matching ``stop_at`` ends the command (its whole process group) there: the
         # real command, stopped at a point of its own output (CMake's "Build files have
@@ -177,7 +259,7 @@ class Live:
                 encoding="utf-8", errors="replace", bufsize=1,
                 # its own process group, ended whole when this process stops waiting for
                 # it (finish), and with PDEATHSIG when this process dies outright
-                start_new_session=True, preexec_fn=_dies_with(os.getpid()))
+                start_new_session=True, preexec_fn=_preexec(os.getpid(), closed))
         except FileNotFoundError as exc:
             if self._logf:
                 self._logf.close()
@@ -391,9 +473,13 @@ class Cmd:
     what: str = ""
     when: str | None = None  # runs only under this condition (said in the plan)
     stop_at: str | None = None  # a regex: the command is ended at its first matching line
+    # it downloads (pip download of the lock, a uv install from an index): it gets the
+    # network and its settings (core.env.NETWORK_PASSED); every other build command runs
+    # with the network closed where the host allows it
+    network: bool = False
 
     def environment(self) -> dict[str, str]:
-        env = build_env()
+        env = build_env(network=self.network)
         env.update(self.env)
         for key in self.unset:  # unset wins: the plan prints `unset X`, so X never reaches it
             env.pop(key, None)
@@ -403,6 +489,8 @@ class Cmd:
         lines = [f"      (only {self.when})"] if self.when else []
         lines += [f"      {k}={v}" for k, v in sorted(self.env.items())]
         lines += [f"      unset {k}" for k in self.unset]
+        if self.network:
+            lines.append("      (downloads: the network open, pip's configuration read)")
         if self.cwd:
             lines.append(f"      (cd {self.cwd})")
         lines.append("      $ " + shlex.join(self.argv))
@@ -412,12 +500,15 @@ class Cmd:
 
     def as_dict(self) -> dict[str, object]:
         return {"argv": self.argv, "env": self.env, "unset": list(self.unset),
-                "cwd": self.cwd, "when": self.when, "stop_at": self.stop_at}
+                "cwd": self.cwd, "when": self.when, "stop_at": self.stop_at,
+                "network": self.network}
 
 
 def run_cmd(cmd: Cmd, *, log: Path | None = None, capture: bool = False, check: bool = True,
             echo: bool = True, hint: str | None = None) -> Result:
+    base = current_base()
+    closed = base.network if base is not None and not cmd.network else None
     live = Live(cmd.argv, env=cmd.environment(), cwd=Path(cmd.cwd) if cmd.cwd else None,
                 log=log, capture=capture, echo=echo, what=cmd.what or None, hint=hint,
-                stop_at=cmd.stop_at)
+                stop_at=cmd.stop_at, closed=closed)
     return live.finish(check=check)

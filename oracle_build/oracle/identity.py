@@ -57,6 +57,8 @@ class Identity:
     compiled: str | None = None
     # the device's checks that did not run (built with --no-gpu): never ORACLE_IDENTITY_OK
     skipped: tuple[str, ...] = ()
+    # the build's network as its record says ("closed (<how>) ..."; None: not recorded)
+    build_network: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -83,6 +85,7 @@ class Identity:
             "patches": list(self.patches),
             "compiled": self.compiled,
             "device_checks_skipped": list(self.skipped),
+            "build_network": self.build_network,
             "mismatches": [{"field": f, "expected": e, "found": g} for f, e, g in self.mismatches],
         }
 
@@ -121,6 +124,8 @@ class Identity:
             lines.append(f"kernels {as_data(' '.join(self.compiled_sm) or '(none)')}")
         if self.compiled:
             lines.append(f"compiled {as_data(self.compiled)}")
+        if self.build_network:
+            lines.append(f"built with the network {as_data(self.build_network)}")
         lines.append(verdicts.identity(self.ok, self.skipped))
         if not self.ok:
             lines += [f"  {as_data(f)}: expected {as_data(str(e))}, found {as_data(str(g))}"
@@ -325,6 +330,7 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
             problems, ident.compiled = recorded_compiled_checks(pin, target, venv)
             ident.mismatches += problems
         ident.patches = applied_patches(venv)
+        ident.build_network = built_network(venv)
     libs = [e["path"] for e in facts.get("extensions", [])]
     ident.compiled_sm, problems = devices.module(target).compiled(
         target, libs, toolkit=toolkit or recorded_toolkit(venv))
@@ -472,6 +478,15 @@ def applied_patches(venv: Path) -> list[str]:
     return [p.file for p in record.patches or [] if p.applied]
 
 
+def built_network(venv: Path) -> str | None:
+    """The build's network as the build record says (None: a record from before it)."""
+    try:
+        record = load_record(OracleVenv(venv).record_path)
+    except (BadInput, OSError):
+        return None
+    return record.environment.network if record.environment else None
+
+
 def outside_libraries(facts: dict[str, Any]) -> dict[str, str]:
     """The shared libraries (and executable) a probe's process mapped from outside its venv,
     path -> sha256."""
@@ -530,7 +545,8 @@ def relocated(pin: Pin, target: Target, ident: Identity, old: Path, new: Path) -
     moved = replace_path(ident.facts, old, new)
     result = Identity(venv=new, facts=moved, device=ident.device,
                       compiled_sm=ident.compiled_sm, patches=list(ident.patches),
-                      compiled=ident.compiled, skipped=ident.skipped)
+                      compiled=ident.compiled, skipped=ident.skipped,
+                      build_network=ident.build_network)
     result.mismatches = compare(pin, target, new, moved, no_gpu=bool(ident.skipped))
     if prefix != os.path.realpath(new):
         result.mismatches.append(("sys.prefix (after the move)", os.path.realpath(new),

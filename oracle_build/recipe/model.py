@@ -61,6 +61,10 @@ def reproducible_text(pin: Pin) -> str:
     return f"{r.status}: {r.note}"
 
 
+# the staging folder's path as a record shows it (what the build passed, not where)
+STAGING_SHOWN = "<staging>"
+
+
 @dataclass(frozen=True)
 class Plan:
     """What a build will do, step by step, and with what: built once (``plan()``), printed
@@ -97,6 +101,9 @@ class Plan:
     toolkit: cudatoolkit.Planned | None = None
     # built without a GPU (--no-gpu, never implied): the device checks do not run
     no_gpu: bool = False
+    # what every process of the build starts from: the made PATH, its own HOME and TMPDIR,
+    # the network closed or not (core.env.BuildBase; recipe.plan.build_base)
+    base: envmod.BuildBase | None = None
 
     @property
     def from_source(self) -> bool:
@@ -147,16 +154,33 @@ class Plan:
             "checkout": str(self.checkout) if self.checkout else None,
         }).model_dump(mode="json")
 
+    def network_text(self) -> str:
+        """``closed (<how>)`` or ``open (<why>)``: the build record's and identity's words."""
+        if self.base is not None and self.base.network is not None:
+            return (f"closed ({proc.CLOSURES[self.base.network]}) for every command but "
+                    "the downloads")
+        return f"open ({proc.network_closure()[1]})"
+
+    def environment_lines(self) -> list[str]:
+        b = self.base
+        if b is None:
+            return []
+        passed = ("stripped: " + ", ".join(f"{k}={v}" for k, v in envmod.STRIPPED.items())
+                  if b.stripped else "the caller's " + ", ".join(envmod.BUILD_PASSED)
+                  + " and LC_*")
+        return [f"  environment: built, not inherited: {passed}; PATH={b.path}; "
+                f"HOME={b.home}; TMPDIR={b.tmpdir}; SOURCE_DATE_EPOCH; the caller's MAX_JOBS "
+                "(a count); plus what each command lists (a download also: proxies, CA "
+                "bundles, PIP_*, the caller's HOME)",
+                f"  network: {self.network_text()}"]
+
     def render(self) -> str:
         lines = [f"build plan for pin {self.pin.id} ({self.pin.key}), target {self.target_name}"]
         for key, value in self.resolved().items():
             if key == "build_env":
                 continue
             lines.append(f"  {key}: {value}")
-        lines.append("  every command runs with this environment, minus "
-                     + ", ".join(sorted(envmod.SCRUBBED)) + " and every "
-                     + ", ".join(f"{p}*" for p in envmod.BUILD_DROPPED_PREFIXES)
-                     + ", VLLM_*PRECOMPILED* variable, plus what the command lists")
+        lines += self.environment_lines()
         for role, tool in self.compilers.items():
             lines.append(f"  {role}: {tool.label()}")
         for d in self.patches:

@@ -9,6 +9,7 @@ under a condition (a wheel missing from the wheelhouse) say so in ``Cmd.when``.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +26,7 @@ from oracle_build.contracts.pins import (
 )
 from oracle_build.contracts.targets import Target
 from oracle_build.core import env as envmod
-from oracle_build.core import layout
+from oracle_build.core import layout, proc
 from oracle_build.core.proc import Cmd
 from oracle_build.oracle.venv import uv
 from oracle_build.recipe import prepare as prep
@@ -83,7 +84,8 @@ def rust_switches(decision: str | None) -> tuple[dict[str, str], tuple[str, ...]
     return {}, ()
 
 
-def _uv(*args: str, cache: Path | None = None, when: str | None = None) -> Cmd:
+def _uv(*args: str, cache: Path | None = None, when: str | None = None,
+        network: bool = False) -> Cmd:
     """A uv command. Every install into the oracle venv compiles its bytecode there and then
     (checked-hash pycs: SOURCE_DATE_EPOCH makes py_compile write them), so the manifest holds
     every .pyc Python will load and Python never writes one later.
@@ -99,8 +101,8 @@ def _uv(*args: str, cache: Path | None = None, when: str | None = None) -> Cmd:
     if args[:2] == ("pip", "install"):
         own = ["--cache-dir", str(cache), "--link-mode", "hardlink"] if cache else []
         return Cmd([uv(), *args[:2], "--compile-bytecode", *own, *args[2:]],
-                   env={**envmod.UV, **envmod.BYTECODE}, when=when)
-    return Cmd([uv(), *args], env=dict(envmod.UV), when=when)
+                   env={**envmod.UV, **envmod.BYTECODE}, when=when, network=network)
+    return Cmd([uv(), *args], env=dict(envmod.UV), when=when, network=network)
 
 
 def _download(listing: Path, dest: Path, *, index: str | None, when: str) -> Cmd:
@@ -108,7 +110,7 @@ def _download(listing: Path, dest: Path, *, index: str | None, when: str) -> Cmd
             "--progress-bar", "off", "-r", str(listing), "-d", str(dest)]
     if index is not None:
         argv += ["--index-url", index, "--retries", "1", "--timeout", "30"]
-    return Cmd(argv, what="pip download", when=when)
+    return Cmd(argv, what="pip download", when=when, network=True)
 
 
 def fetch_commands(plan_files: Callable[[str], Path], wh: Wheelhouse, pin: Pin,
@@ -156,6 +158,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
     wh = Wheelhouse.for_pin(wheelhouse_root, pin)
     svenv = staging / "venv"
     py = str(svenv / "bin" / "python")
+    base = build_base(pin, staging, svenv, stripped=compare_only)
     src = pin.model.vllm
     files: Callable[[str], Path] = lambda name: staging / name  # noqa: E731
     steps: list[Step] = []
@@ -202,6 +205,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
             kit = _toolkit_step(pin, target, home, wh, steps)
         else:
             compilers = toolchain.compilers(pin)
+            base = build_base(pin, staging, svenv, stripped=compare_only, compilers=compilers)
             decisions = toolchain.decide_patches(pin, target_name, compilers)
             ccache = toolchain.compiler_cache(home, staging, cold=not compiler_cache)
             switches: tuple[str, ...]
@@ -292,7 +296,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                     "torch", f"install the pinned torch from {torch.index}",
                     act.commands, [_uv("pip", "install", "--python", py,
                                        f"torch=={torch.version}", "--index-url",
-                                       torch.index)]))
+                                       torch.index, network=True)]))
             reqs_about = ("pyproject.toml's [build-system] requires, then "
                           + (f"{pin.model.build.build_requirements} if the tree has it, else "
                              if pin.model.build.build_requirements != "auto" else "")
@@ -306,10 +310,10 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                 "to a file outside the tree, then install them with the pinned pip",
                 act.build_requirements,
                 [_uv("pip", "install", "--python", py, f"pip=={pin.model.build.pip}",
-                     "-r", str(files("build-requirements.txt")))]))
+                     "-r", str(files("build-requirements.txt")), network=True)]))
             paths = toolchain.path_map(staging, devices.module(target).PATH_MAP_VARS)
             wheel_env = {**build_env, **rust_env, **source_build_env(
-                pin, staging, svenv, compilers, ccache, paths,
+                pin, staging, svenv, compilers, ccache, paths, base_path=base.path,
                 base=home if kit is not None else None)}
             kit_args: list[str] = []
             if kit is not None:
@@ -353,7 +357,8 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
             torch_args = ([f"torch=={torch.version}", "--extra-index-url", torch.index,
                            "--index-strategy", "unsafe-best-match"] if torch else [])
             install_cmds = [_uv("pip", "install", "--python", py, "--find-links",
-                                str(wheel_dir), vllm_req, *pinned, *torch_args)]
+                                str(wheel_dir), vllm_req, *pinned, *torch_args,
+                                network=True)]
             about = ("at the pin's exact versions (no lock: every installed distribution "
                      "is recorded)")
         steps.append(Step("install", "install the vLLM wheel (not editable) and the runtime "
@@ -378,7 +383,7 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                 checkout_facts=facts if read_now else None, wheel_unset=wheel_unset,
                 compilers=compilers, patches=decisions, compiler_cache=ccache,
                 stop_after=stop_after, last_times=last_times(home, pin.key),
-                compare_only=compare_only, toolkit=kit, no_gpu=no_gpu)
+                compare_only=compare_only, toolkit=kit, no_gpu=no_gpu, base=base)
 
 
 def _toolkit_step(pin: Pin, target: Target, home: Path, wh: Wheelhouse,
@@ -396,6 +401,22 @@ def _toolkit_step(pin: Pin, target: Target, home: Path, wh: Wheelhouse,
     return kit
 
 
+def build_base(pin: Pin, staging: Path, svenv: Path, *, stripped: bool,
+               compilers: dict[str, toolchain.Compiler] | None = None) -> envmod.BuildBase:
+    """What every process of the build starts from (core.env.BuildBase): a PATH made of the
+    staging venv's bin, the recorded tools' folders (the compilers, ccache, git, a cargo the
+    pin builds with) and the system's; a HOME and TMPDIR in the staging folder; the network
+    closed where the host allows it (core.proc.network_closure)."""
+    path = envmod.build_env().get("PATH")
+    tools = [c.path for c in (compilers or {}).values()]
+    tools += [shutil.which(name, path=path) for name in ("ccache", "git")]
+    if pin.model.build.rust_frontend == "build":
+        tools.append(shutil.which("cargo", path=path))
+    return envmod.BuildBase(path=envmod.made_path([str(svenv / "bin")], tools),
+                            home=str(staging / "home"), tmpdir=str(staging / "tmp"),
+                            stripped=stripped, network=proc.network_closure()[0])
+
+
 def patch_cmd(patch: Path, tree: Path) -> Cmd:
     """`git apply` of one patch in ``tree`` (not a repository: GIT_CEILING_DIRECTORIES stops
     git from finding one around it): no fuzz, whitespace as written."""
@@ -407,13 +428,13 @@ def patch_cmd(patch: Path, tree: Path) -> Cmd:
 def source_build_env(pin: Pin, staging: Path, svenv: Path,
                      compilers: dict[str, toolchain.Compiler],
                      ccache: toolchain.CompilerCache,
-                     paths: toolchain.PathMap, *, base: Path | None = None) -> dict[str, str]:
+                     paths: toolchain.PathMap, *, base_path: str,
+                     base: Path | None = None) -> dict[str, str]:
     """What a source build's compile command lines depend on, set by the plan: the staging
     venv's tools first on PATH (cmake and ninja of the build requirements, not the host's),
     the pin's compilers when it names them, SOURCE_DATE_EPOCH, the staging folder's path map
     (the only compiler flags of the plan's: the caller's are unset), the compiler cache."""
-    env = {"PATH": f"{svenv / 'bin'}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
-           "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
+    env = {"PATH": base_path, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
     if pin.model.build.cc and compilers["cc"].path:
         env["CC"] = compilers["cc"].path
     if pin.model.build.cxx and compilers["cxx"].path:

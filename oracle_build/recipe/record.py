@@ -16,6 +16,7 @@ from oracle_build.contracts.compiled import RECIPE
 from oracle_build.contracts.pins import FromSource
 from oracle_build.contracts.record import (
     RECORD_SCHEMA,
+    BuildEnvironment,
     BuildRecord,
     CompiledFacts,
     InstalledDistribution,
@@ -23,6 +24,7 @@ from oracle_build.contracts.record import (
     ManifestSummary,
     ToolFacts,
 )
+from oracle_build.core import env as envmod
 from oracle_build.core import layout
 from oracle_build.core.errors import IdentityMismatch
 from oracle_build.core.files import atomic_write_json, sha256_file
@@ -32,6 +34,7 @@ from oracle_build.recipe import toolchain
 from oracle_build.recipe.model import (
     REPRODUCIBLE_CMAKE_ARGS,
     SOURCE_DATE_EPOCH,
+    STAGING_SHOWN,
     UV_VERSION,
     reproducible_text,
 )
@@ -122,7 +125,19 @@ def build_record(state: BuildState, ident: identity.Identity, *, manifest_summar
         externals_by_tree=facts.externals_by_tree,
         compiler_cache=facts.compiler_cache,
         compiled=compiled_facts(state),
-        manifest=manifest_summary)
+        manifest=manifest_summary,
+        environment=build_environment(state))
+
+
+def build_environment(state: BuildState) -> BuildEnvironment:
+    """What reached the build's processes, for its record (while the build runs)."""
+    p = state.plan
+    staged = str(p.staging)
+    base = {k: v.replace(staged, STAGING_SHOWN) for k, v in envmod.build_env().items()}
+    dropped, others = envmod.dropped_from_build()
+    return BuildEnvironment(base=envmod.masked(base), wheel=state.facts.wheel_environment,
+                            network=p.network_text(), dropped=dropped, dropped_others=others,
+                            stripped=p.base.stripped if p.base else False)
 
 
 def publish(state: BuildState) -> identity.Identity:
@@ -170,6 +185,7 @@ def publish(state: BuildState) -> identity.Identity:
         os.rename(p.venv, replaced)
     os.rename(p.staging_venv, p.venv)  # the commit point
     start = time.monotonic()
+    ident.build_network = p.network_text()  # what the record written above says
     final = identity.relocated(p.pin, p.target, ident, p.staging_venv, p.venv)
     if not final.ok:  # never leave a venv in place that fails identity
         os.rename(p.venv, p.staging_venv)

@@ -43,6 +43,7 @@ from oracle_build.oracle.venv import uv
 from oracle_build.recipe import checkout, record, toolchain
 from oracle_build.recipe.model import (
     DOWNLOAD_LIST,
+    STAGING_SHOWN,
     TORCH_DOWNLOAD_LIST,
     BuildState,
     Plan,
@@ -206,7 +207,6 @@ FLAG_VARS = ("CMAKE_ARGS", "CMAKE_BUILD_TYPE", "MAX_JOBS", "SOURCE_DATE_EPOCH", 
              "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CUDAFLAGS", "HIPFLAGS",
              "CCACHE_BASEDIR", "CCACHE_COMPILERCHECK", "CCACHE_NOHASHDIR", "CCACHE_DEPEND",
              "CCACHE_IGNOREOPTIONS")
-STAGING_SHOWN = "<staging>"
 
 
 def wheel(state: BuildState, step: Step) -> None:
@@ -227,6 +227,8 @@ def wheel(state: BuildState, step: Step) -> None:
         "flags": {k: env[k].replace(str(p.staging), STAGING_SHOWN) for k in sorted(env)
                   if k in (*FLAG_VARS, *devices.module(p.target).BUILD_FLAG_VARS)}})
     state.facts.toolchain = tools
+    state.facts.wheel_environment = envmod.masked(
+        {k: v.replace(str(p.staging), STAGING_SHOWN) for k, v in env.items()})
     cc = p.compiler_cache
     if cc is not None and cc.active:
         cc.folder.mkdir(parents=True, exist_ok=True)
@@ -439,24 +441,28 @@ def run(p: Plan) -> identity.Identity | None:
     p.log.write_text(f"# oracle-build {utc_now()}\n# plan\n{p.render()}\n")
     (p.staging / "resolved.json").write_text(dumps_json(p.resolved()))
     state = BuildState(p, Steps(len(p.steps)))
+    base = p.base or envmod.BuildBase(environ.get("PATH", ""), str(p.staging / "home"),
+                                      str(p.staging / "tmp"))
+    envmod.say_dropped_from_build()
     try:
-        for step in p.steps:
-            with state.steps.step(step.name):
-                try:
-                    step.action(state, step)
-                finally:  # an install's unpacked wheels: the wheelhouse keeps the wheels
-                    shutil.rmtree(uv_cache_dir(p.staging), ignore_errors=True)
-            if state.stopped is None and step.name in state.steps.timings:
-                _remember(p, step.name, state.steps.timings[step.name])
-            if state.stopped is not None or step.name == p.stop_after:
-                state.stopped = state.stopped or step.name
-                kept = layout.log_path(p.home, "build", p.pin.key)
-                kept.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(p.log, kept)
-                shutil.rmtree(p.staging, ignore_errors=True)
-                say(f"build stopped after {state.stopped}, as asked: nothing published, the "
-                    f"staging folder removed; its log: {kept}")
-                return None
+        with envmod.building(base):
+            for step in p.steps:
+                with state.steps.step(step.name):
+                    try:
+                        step.action(state, step)
+                    finally:  # an install's unpacked wheels: the wheelhouse keeps them
+                        shutil.rmtree(uv_cache_dir(p.staging), ignore_errors=True)
+                if state.stopped is None and step.name in state.steps.timings:
+                    _remember(p, step.name, state.steps.timings[step.name])
+                if state.stopped is not None or step.name == p.stop_after:
+                    state.stopped = state.stopped or step.name
+                    kept = layout.log_path(p.home, "build", p.pin.key)
+                    kept.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(p.log, kept)
+                    shutil.rmtree(p.staging, ignore_errors=True)
+                    say(f"build stopped after {state.stopped}, as asked: nothing published, "
+                        f"the staging folder removed; its log: {kept}")
+                    return None
     except BaseException as exc:
         if p.staging.exists():
             say(f"build stopped in step {state.steps.current}/{len(p.steps)}; the staging "
