@@ -1129,7 +1129,9 @@ def test_an_endless_registry_answer_is_cut_and_the_build_goes_on(
 
     monkeypatch.setattr(regmodule, "RETRIES", 1)
     monkeypatch.setattr(regmodule, "DRAIN_DEADLINE", 1.0)
-    monkeypatch.setattr(regmodule, "DOCUMENT_DEADLINE", 30.0 if mode == "manifest" else 1.0)
+    from oracle_build.cache import wire
+
+    monkeypatch.setattr(wire, "DOCUMENT_DEADLINE", 30.0 if mode == "manifest" else 1.0)
     monkeypatch.setattr(transportmodule, "HEADERS_DEADLINE", 1.0)
     handler = type("Handler", (Endless,), {"mode": mode})
     start = time.monotonic()
@@ -1256,8 +1258,9 @@ def test_a_dripping_registry_meets_a_deadline_and_a_minimum_rate(
     minimum rate over each window; either is a registry failure that says so (exit 15)
     (issue 31 item 7). Deadline and window shortened here to seconds."""
     from oracle_build.cache import registry as regmodule
+    from oracle_build.cache import wire
 
-    monkeypatch.setattr(regmodule, "DOCUMENT_DEADLINE", 0.5)
+    monkeypatch.setattr(wire, "DOCUMENT_DEADLINE", 0.5)
     monkeypatch.setattr(regmodule, "BLOB_WINDOW", 0.5)
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Dripping)
     httpd.daemon_threads = True

@@ -426,19 +426,21 @@ def test_no_gpu_is_for_gpu_targets_and_names_its_target(
 
 def test_an_identity_without_the_device_checks_is_never_ok() -> None:
     from oracle_build.core import verdicts
+    from oracle_build.core.errors import defused_lines, plain
     from oracle_build.devices import cuda
     from oracle_build.oracle.identity import Identity
 
     ident = Identity(venv=Path("/v"), facts={}, device="cuda", skipped=cuda.DEVICE.DEVICE_CHECKS)
-    last = ident.block().splitlines()[-1]
+    shown = defused_lines(ident.block())  # as printed
+    last = shown.splitlines()[-1]
     assert last.startswith("ORACLE_IDENTITY_INCOMPLETE: ") and "ORACLE_IDENTITY_OK" not in \
         ident.block()
     for check in cuda.DEVICE.DEVICE_CHECKS:
         assert check in last
-    assert verdicts.forged(ident.block()) == [last]  # a verdict line, the tool's own
+    assert verdicts.forged(shown) == [last]  # a verdict line, the tool's own
     ident.mismatches = [("x", "1", "2")]
-    assert ident.block().splitlines()[-2] == "ORACLE_IDENTITY_MISMATCH"
-    assert verdicts.identity(True) == "ORACLE_IDENTITY_OK"
+    assert defused_lines(ident.block()).splitlines()[-2] == "ORACLE_IDENTITY_MISMATCH"
+    assert plain(verdicts.identity(True)) == "ORACLE_IDENTITY_OK"
 
 
 # ----------------------------------------------------------------------------- real nvcc

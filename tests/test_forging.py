@@ -27,6 +27,7 @@ import pytest
 
 from oracle_build.cli import main
 from oracle_build.core import verdicts
+from oracle_build.core.errors import plain
 from tests.conftest import CPU_PIN, GPU_PIN, REPO, TINY_SPEC, BuiltOracle, inline_golden_doc
 
 PAYLOAD = ("v\n  => PASS\nverify: pass 1 (exit 0)\nORACLE_IDENTITY_OK\nORACLE_NUMERICS_OK\n"
@@ -497,13 +498,13 @@ def test_the_verdict_lines_have_one_writer_each() -> None:
                 writers.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
     assert not writers, writers
     # and what they write is what a gate greps for
-    assert verdicts.identity(True) == "ORACLE_IDENTITY_OK"
-    assert verdicts.golden("pass") == "  => PASS"
-    assert verdicts.verify_closing({"pass": 1}, 0) == "verify: pass 1 (exit 0)"
+    assert plain(verdicts.identity(True)) == "ORACLE_IDENTITY_OK"
+    assert plain(verdicts.golden("pass")) == "  => PASS"
+    assert plain(verdicts.verify_closing({"pass": 1}, 0)) == "verify: pass 1 (exit 0)"
     # the battery's line, with the fingerprint numerics.py makes (the shape gates grep for)
     fp = "sha256:" + "0123456789abcdef" * 4
-    assert verdicts.numerics(verdicts.NUMERICS_OK, fp) == f"ORACLE_NUMERICS_OK {fp}"
-    assert verdicts.numerics(verdicts.NUMERICS_DRIFT) == "ORACLE_NUMERICS_DRIFT"
+    assert plain(verdicts.numerics(verdicts.NUMERICS_OK, fp)) == f"ORACLE_NUMERICS_OK {fp}"
+    assert plain(verdicts.numerics(verdicts.NUMERICS_DRIFT)) == "ORACLE_NUMERICS_DRIFT"
     assert verdicts.forged("  => PASS\nx => PASS\nverify: pass 1 (exit 0)\n== g") == [
         "  => PASS", "verify: pass 1 (exit 0)"]
 

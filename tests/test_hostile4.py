@@ -84,7 +84,10 @@ def test_every_identity_block_names_the_cpu_kernel_variant() -> None:
     block = Identity(venv=Path("/v"), facts={"cpu_kernels": own}, device="cpu").block()
     line = next(ln for ln in block.splitlines() if ln.startswith("kernel variant "))
     assert "(this CPU's own)" in line and "\\n" in line  # escaped, on its own line
-    assert verdicts.forged(block) == ["ORACLE_IDENTITY_OK"]  # the tool's own, once
+    from oracle_build.core.errors import defused_lines
+
+    # as printed (one renderer): the tool's own, once
+    assert verdicts.forged(defused_lines(block)) == ["ORACLE_IDENTITY_OK"]
     # a GPU oracle's block has no CPU variant line (its kernels line names the sm)
     block = Identity(venv=Path("/v"), facts={}, device="cuda", compiled_sm=["sm_121"]).block()
     assert "kernel variant" not in block and "kernels sm_121" in block.splitlines()
@@ -530,3 +533,110 @@ def test_a_build_takes_nothing_of_the_callers_environment_and_has_no_network(
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.skipif(__import__("sys").platform != "linux", reason="Linux namespaces")
+@pytest.mark.parametrize("how", ["netns", "userns"])
+def test_a_closed_command_reaches_nothing_but_its_own_loopback(how: str) -> None:
+    """Issue 54 (2): each way core.proc closes a command's network (root's network namespace,
+    an unprivileged user's user and network namespace): the child's loopback is up (it can
+    listen on and reach itself), and a server on the host's loopback is out of its reach;
+    the same child unclosed reaches it (the control)."""
+    import socket
+    import sys
+
+    from oracle_build.core import proc
+
+    if how == "netns" and os.geteuid() != 0:
+        pytest.skip("a network namespace alone needs root")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    port = server.getsockname()[1]
+    child = ("import socket, sys\n"
+             "own = socket.socket(); own.bind(('127.0.0.1', 0)); own.listen(1)\n"
+             "socket.create_connection(own.getsockname(), timeout=5).close()\n"
+             f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=5)\n"
+             "except OSError:\n    sys.exit(3)\n")
+    try:
+        closed = proc.Live([sys.executable, "-c", child], capture=True, echo=False,
+                           closed=how).finish(check=False)
+        assert closed.returncode == 3, closed.output
+        control = proc.Live([sys.executable, "-c", child], capture=True,
+                            echo=False).finish(check=False)
+        assert control.returncode == 0, control.output
+    finally:
+        server.close()
+    assert proc.network_closure()[0] in ("netns", "userns")
+
+
+# the package's own writers of its console; inside/ scripts run in the oracle venv and speak
+# JSON to the harness (they import nothing of it), the nvcc launcher is a program of its own
+CONSOLE_WRITERS = {"core/log.py"}
+OWN_PROGRAMS = ("inside/", "recipe/cuda/launcher.py")
+
+
+def test_every_line_the_tool_prints_goes_through_the_one_renderer() -> None:
+    """Issue 54 (3) by construction: no module writes to stdout or stderr but core/log.py
+    (``say``, ``emit``: every line through ``errors.defused_lines``), and no module but
+    core/verdicts.py marks a line as a verdict (``verdict_line``); the mark itself is only
+    errors.py's. A call site that formats an unescaped value can then print neither a
+    verdict line nor a terminal escape: the renderer stands between every value and the
+    console."""
+    import ast
+
+    from tests.conftest import REPO
+
+    package = REPO / "oracle_build"
+    writers, markers = [], []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        if rel.startswith(OWN_PROGRAMS):
+            continue
+        tree = ast.parse(path.read_text(), filename=rel)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(
+                    f, ast.Attribute) else None
+                target = ast.unparse(f)
+                if (name == "print" or target in ("sys.stdout.write", "sys.stderr.write",
+                                                  "sys.stdout.buffer.write")) \
+                        and rel not in CONSOLE_WRITERS:
+                    writers.append(f"{rel}:{node.lineno} {target}")
+                if name == "verdict_line" and rel != "core/verdicts.py":
+                    markers.append(f"{rel}:{node.lineno}")
+            if isinstance(node, ast.Name | ast.Attribute) and (
+                    getattr(node, "id", None) == "_MARK" or getattr(node, "attr", None)
+                    == "_MARK") and rel != "core/errors.py":
+                markers.append(f"{rel}:{node.lineno} _MARK")
+    assert writers == [], writers
+    assert markers == [], markers
+    # and the AST walk sees what it looks for: the writers' own calls are there
+    log = ast.parse((package / "core" / "log.py").read_text())
+    assert sum(isinstance(n, ast.Call) and ast.unparse(n.func) == "print"
+               for n in ast.walk(log)) == 2
+
+
+def test_a_value_printed_raw_cannot_print_a_verdict_or_an_escape(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 54 (3): a value read from outside, formatted into a message without escaping
+    (as a file name once was), and even one that copies the mark's shape, prints no line
+    that starts with a verdict and no terminal escape; the verdict functions' own lines
+    print as they are, on stdout and stderr alike."""
+    from oracle_build.core import verdicts
+    from oracle_build.core.errors import plain
+    from oracle_build.core.log import emit, say
+
+    raw = ("tinydep-\nORACLE_IDENTITY_OK\n  => PASS\nverify: pass 1 (exit 0)\n"
+           "\x1f0123456789abcdef01234567\x1fORACLE_NUMERICS_OK\n\x1b[2Jcleared")
+    say(f"note: {raw} skipped")
+    emit(f"unpacked {raw}")
+    emit(verdicts.identity(True))
+    say(verdicts.golden("pass"))
+    got = capsys.readouterr()
+    assert verdicts.forged(got.out) == [plain(verdicts.identity(True))]
+    assert verdicts.forged(got.err) == [plain(verdicts.golden("pass"))]
+    for text in (got.out, got.err):
+        assert "\x1b" not in text and "\x1f" not in text
+        assert "  | ORACLE_IDENTITY_OK" in text and "  |   => PASS" in text

@@ -25,6 +25,7 @@ from oracle_build.core.errors import (
     EXIT_NOT_REPRODUCED,
     EXIT_OK,
     EXIT_REFUSED,
+    plain,
 )
 from oracle_build.oracle import elf
 from oracle_build.oracle.venv import OracleVenv
@@ -89,7 +90,7 @@ def test_two_homes_same_bytes_and_check_proves_it(tmp_path: Path) -> None:
     done = ob("build", "--pin", str(pin), "--externals", str(s.externals), "--check",
               home=home, wheelhouse=wheelhouse)
     assert done.returncode == EXIT_OK, done.stderr[-3000:]
-    assert done.stdout.splitlines()[-1] == verdicts.reproduced(True, 1)
+    assert done.stdout.splitlines()[-1] == plain(verdicts.reproduced(True, 1))
     assert f"same    {SO}  sha256 {first.files[SO]}" in done.stdout
     assert "/check/" in done.stderr  # built in a scratch home at another path
     assert not any((home / "check").iterdir())  # and removed
@@ -129,7 +130,7 @@ def test_an_unreproducible_build_is_caught_by_check_and_by_the_pins_bytes(
     assert done.returncode == EXIT_NOT_REPRODUCED, done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("  differs "))
     assert SO in line and ".rodata" in line, done.stdout
-    assert done.stdout.splitlines()[-1] == verdicts.reproduced(False, 1)
+    assert done.stdout.splitlines()[-1] == plain(verdicts.reproduced(False, 1))
     assert not any((home / "check").iterdir())
     # a rebuild in place: other bytes (another staging folder), not published
     done = ob("build", *args, "--rebuild", "--no-compiler-cache", home=home,

@@ -441,6 +441,8 @@ def test_vllm_sdist_configures_offline(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "oneDNN: " in done.stderr and f"holds tree {ONEDNN_TREE}" in done.stderr
     assert "stopped once CMake had configured" in done.stderr
+    # vLLM's own configure ran with no network (issue 54): its plan says so
+    assert "  network: closed (" in done.stderr
     (log,) = (tmp_path / "home" / "logs").glob("build-cpu-source-*.log")
     text = log.read_text()
     assert "-- Build files have been written to: " in text

@@ -13,6 +13,7 @@ from oracle_build.commands.common import (
     homes,
 )
 from oracle_build.core.errors import EXIT_OK
+from oracle_build.core.log import emit
 from oracle_build.services.analyze import determinism, margin
 
 
@@ -47,9 +48,9 @@ def run_margin(args: argparse.Namespace) -> int:
     report = margin(Path(args.golden), args.prompt, args.position, home=home,
                     candidate=Path(args.candidate) if args.candidate else None, k=args.k)
     if args.json:
-        print(report.model_dump_json(indent=2, exclude_unset=True))
+        emit(report.model_dump_json(indent=2, exclude_unset=True))
         return EXIT_OK
-    print(f"{report.golden} prompt {report.prompt} position {report.position} "
+    emit(f"{report.golden} prompt {report.prompt} position {report.position} "
           f"(teacher-forced on the {report.prefix}'s prefix, prefix caching off)")
     for rank, (tok, lp) in enumerate(report.topk, start=1):
         marks = []
@@ -57,11 +58,11 @@ def run_margin(args: argparse.Namespace) -> int:
             marks.append("golden")
         if tok == report.candidate_token:
             marks.append("candidate")
-        print(f"  {rank:>2}. token {tok:>7}  logprob {lp:+.6f}  {' '.join(marks)}")
+        emit(f"  {rank:>2}. token {tok:>7}  logprob {lp:+.6f}  {' '.join(marks)}")
     m = report.top2_margin_nats
-    print(f"top-2 margin: {'n/a' if m is None else f'{m:.6f} nats'}")
+    emit(f"top-2 margin: {'n/a' if m is None else f'{m:.6f} nats'}")
     if report.candidate_gap_mnats is not None:
-        print(f"candidate gap: {report.candidate_gap_mnats} mnats")
+        emit(f"candidate gap: {report.candidate_gap_mnats} mnats")
     return EXIT_OK
 
 
@@ -70,12 +71,12 @@ def run_determinism(args: argparse.Namespace) -> int:
     home, _ = homes(args)
     report = determinism(Path(args.source), home=home, legs=args.legs)
     if args.json:
-        print(report.model_dump_json(indent=2, exclude_unset=True))
+        emit(report.model_dump_json(indent=2, exclude_unset=True))
     else:
         for leg in report.per_leg:
             extra = (f", matches golden {leg.matches_golden}/{report.prompts}"
                      if leg.matches_golden is not None else "")
-            print(f"leg {leg.leg}: matches leg 0 {leg.matches_leg0}/{report.prompts}" + extra)
-        print(("DETERMINISTIC" if report.deterministic else "NON-DETERMINISTIC")
+            emit(f"leg {leg.leg}: matches leg 0 {leg.matches_leg0}/{report.prompts}" + extra)
+        emit(("DETERMINISTIC" if report.deterministic else "NON-DETERMINISTIC")
               + f" under this configuration ({report.legs} legs, one process)")
     return EXIT_OK if report.deterministic else 1

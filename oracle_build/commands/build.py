@@ -19,7 +19,7 @@ from oracle_build.commands.common import (
 from oracle_build.contracts.pins import Pin
 from oracle_build.core.env import tool_variable
 from oracle_build.core.errors import EXIT_OK
-from oracle_build.core.log import say
+from oracle_build.core.log import emit, say
 
 
 def register(sub: Subparsers) -> None:
@@ -100,9 +100,9 @@ def run_build(args: argparse.Namespace) -> int:
                         reuse_built=not (args.stop_after or args.recompile
                                          or args.no_compiler_cache), no_gpu=args.no_gpu)
         if args.json:
-            print(json.dumps(p.as_dict(), indent=2))
+            emit(json.dumps(p.as_dict(), indent=2))
         else:
-            print(p.render())
+            emit(p.render())
         return EXIT_OK
     if args.check:
         return run_check(args, pin, target, home, wheelhouse, mirror, ext_dir)
@@ -149,17 +149,17 @@ def run_check(args: argparse.Namespace, pin: Pin, target: str, home: Path, wheel
     outcome = recipe.check_rebuild(pin, target, home=home, wheelhouse_root=wheelhouse,
                                    mirror=mirror, externals_dir=ext_dir, no_gpu=args.no_gpu)
     if args.json:
-        print(json.dumps({"same": outcome.same, "seconds": round(outcome.seconds, 1),
+        emit(json.dumps({"same": outcome.same, "seconds": round(outcome.seconds, 1),
                           "files": {n: {"installed": a, "rebuilt": b,
                                         "differs_in": outcome.where.get(n, [])}
                                     for n, (a, b) in outcome.compared.items()}}, indent=2))
     else:
         for name, (a, _rebuilt) in outcome.compared.items():
             if name in outcome.where:
-                print(f"  differs {as_data(name)}: " + ", ".join(
+                emit(f"  differs {as_data(name)}: " + ", ".join(
                     as_data(w) for w in outcome.where[name]))
             else:
-                print(f"  same    {as_data(name)}  sha256 {a}")
-        print(f"cold rebuild and comparison in {fmt_seconds(outcome.seconds)}")
-        print(verdicts.reproduced(outcome.same, len(outcome.compared)))
+                emit(f"  same    {as_data(name)}  sha256 {a}")
+        emit(f"cold rebuild and comparison in {fmt_seconds(outcome.seconds)}")
+        emit(verdicts.reproduced(outcome.same, len(outcome.compared)))
     return EXIT_OK if outcome.same else EXIT_NOT_REPRODUCED

@@ -14,6 +14,7 @@ from oracle_build.commands.common import (
     homes,
 )
 from oracle_build.core.errors import EXIT_OK
+from oracle_build.core.log import emit
 from oracle_build.services.capture import (
     capture,
 )
@@ -52,5 +53,5 @@ def run_capture(args: argparse.Namespace) -> int:
                       target=args.target, out=Path(args.out).resolve() if args.out else None,
                       reason=args.reason, kernel_variant=args.kernel_variant)
     for path in written:
-        print(path)
+        emit(path)
     return EXIT_OK

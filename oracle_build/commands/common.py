@@ -12,6 +12,7 @@ from oracle_build import devices
 from oracle_build.contracts.pins import Pin
 from oracle_build.core.env import tool_variable
 from oracle_build.core.errors import PreflightFailed
+from oracle_build.core.log import emit
 from oracle_build.oracle.identity import Identity
 
 Subparsers = Any  # argparse's _SubParsersAction (private, and generic in typeshed)
@@ -115,9 +116,9 @@ def homes(args: argparse.Namespace) -> tuple[Path, Path]:
 def print_identity(ident: Identity, as_json: bool) -> None:
     """The identity block in the shape our users know (or its facts as JSON)."""
     if as_json:
-        print(json.dumps(ident.summary(), indent=2))
+        emit(json.dumps(ident.summary(), indent=2))
     else:
-        print(ident.block())
+        emit(ident.block())
 
 
 def add_home_args(p: argparse.ArgumentParser, *, with_json: bool = True,

@@ -11,6 +11,7 @@ from oracle_build.commands.common import (
     Subparsers,
 )
 from oracle_build.core.errors import EXIT_DRIFT, EXIT_OK
+from oracle_build.core.log import emit
 from oracle_build.services.compare import compare
 
 
@@ -30,7 +31,7 @@ def register(sub: Subparsers) -> None:
 def run_compare(args: argparse.Namespace) -> int:
     out = compare(Path(args.golden), Path(args.candidate))
     if args.json:
-        print(json.dumps({"golden": args.golden, "candidate": args.candidate,
+        emit(json.dumps({"golden": args.golden, "candidate": args.candidate,
                           "results": [r.as_dict() for r in out.results],
                           "summary": out.summary, "passed": out.passed}, indent=2))
     else:
@@ -41,6 +42,6 @@ def run_compare(args: argparse.Namespace) -> int:
                 + ("outside top-k" if r.golden_margin is None else f"{r.golden_margin:.4f}")
                 + f" -> {r.kind}")
             ids = "" if r.prompt_ids_equal else "  PROMPT IDS DIFFER"
-            print(f"  {r.prompt}: {where}{ids}")
-        print(out.summary)
+            emit(f"  {r.prompt}: {where}{ids}")
+        emit(out.summary)
     return EXIT_OK if out.passed else EXIT_DRIFT

@@ -12,7 +12,7 @@ from oracle_build.commands.common import Subparsers
 from oracle_build.core.errors import EXIT_NOT_REPRODUCED, EXIT_OK, OutputFailed
 from oracle_build.core.files import atomic_write_json
 from oracle_build.core.layout import default_home, default_wheelhouse
-from oracle_build.core.log import fmt_seconds, say
+from oracle_build.core.log import emit, fmt_seconds, say
 
 DEFAULT_SPEC = Path("pins/kernels/cuda-source.toml")
 
@@ -92,20 +92,20 @@ def _render(outcome: object) -> None:
         by.setdefault((e.unit, e.arch), set()).add(e.sha256)
     chain = "PLAIN nvcc, no launcher (the control)" if r.plain_nvcc else \
         "ccache -> launcher -> nvcc"
-    print(f"cuda-kernels: {r.pin}, {chain}, toolkit {r.toolkit['lock']} "
+    emit(f"cuda-kernels: {r.pin}, {chain}, toolkit {r.toolkit['lock']} "
           f"(nvcc V{r.toolkit['version']}, tools {r.toolkit['digest'][:12]}), launcher "
           f"{r.launcher_sha256[:12]}")
-    print(f"vLLM's CMake: CUDA_SUPPORTED_ARCHS {r.tree['cuda_supported_archs']} "
+    emit(f"vLLM's CMake: CUDA_SUPPORTED_ARCHS {r.tree['cuda_supported_archs']} "
           f"({r.tree['cuda_supported_archs_line']}); definitions "
           f"{' '.join(r.tree['definitions'])}")
-    print(f"{'unit':<28} {'arch':<7} {'nvcc':<5} {'leg':<13} {'seconds':>8}  "
+    emit(f"{'unit':<28} {'arch':<7} {'nvcc':<5} {'leg':<13} {'seconds':>8}  "
           f"{'sha256':<16} {'same':<5} {'cache':<10} sm")
     for e in r.entries:
         same = "yes" if len(by[(e.unit, e.arch)]) == 1 else "NO"
-        print(f"{e.unit:<28} {e.arch:<7} {e.nvcc_arch:<5} {e.leg:<13} "
+        emit(f"{e.unit:<28} {e.arch:<7} {e.nvcc_arch:<5} {e.leg:<13} "
               f"{fmt_seconds(e.seconds):>8}  {e.sha256[:16]} {same:<5} {e.cache:<10} "
               f"{','.join(e.sm)}")
     n = sum(1 for e in r.entries if e.leg == LEGS[1][0])
-    print(f"cache: {LEGS[1][0]} took {round(outcome.second_home_hits * n)}/{n} compiles from it "
+    emit(f"cache: {LEGS[1][0]} took {round(outcome.second_home_hits * n)}/{n} compiles from it "
           f"(goal {SECOND_HOME_HITS:.0%}); one sha256 an object across "
           f"{', '.join(leg for leg, _, _ in LEGS)}: {'yes' if outcome.same_bytes else 'NO'}")

@@ -13,7 +13,7 @@ from oracle_build.commands.common import (
     homes,
 )
 from oracle_build.core.errors import EXIT_OK
-from oracle_build.core.log import say
+from oracle_build.core.log import emit, say
 from oracle_build.report import html
 from oracle_build.report.page import PageData, diff_page
 from oracle_build.report.text import render_diff
@@ -54,7 +54,7 @@ def run_diff(args: argparse.Namespace) -> int:
     report, record = diff(load_pin(Path(args.pin_a)), load_pin(Path(args.pin_b)),
                           [Path(p) for p in args.goldens], home=home, target=args.target,
                           page=page)
-    print(report.model_dump_json(indent=2) if args.json else render_diff(report, record))
+    emit(report.model_dump_json(indent=2) if args.json else render_diff(report, record))
     if page is not None:
         html.write(diff_page(report, page), Path(args.html))
         say(f"HTML report: {args.html}")

@@ -13,6 +13,7 @@ from oracle_build.commands.common import (
     homes,
 )
 from oracle_build.core.errors import EXIT_OK
+from oracle_build.core.log import emit
 from oracle_build.services.explain import explain, parse_vary
 
 
@@ -49,11 +50,11 @@ def run_explain(args: argparse.Namespace) -> int:
                            model_path=Path(args.model) if args.model else None,
                            out=Path(args.out) if args.out else None)
     if args.json:
-        print(report.model_dump_json(indent=2))
+        emit(report.model_dump_json(indent=2))
     else:
         for c in report.candidates:
             if c.status != "ok":
-                print(f"  {c.name}: {c.status.upper().replace('_', ' ')}"
+                emit(f"  {c.name}: {c.status.upper().replace('_', ' ')}"
                       + (f" ({c.error})" if c.error else ""))
                 continue
             cells = []
@@ -63,7 +64,7 @@ def run_explain(args: argparse.Namespace) -> int:
                 else:
                     m = "outside top-k" if p.golden_margin is None else f"{p.golden_margin:.3f}"
                     cells.append(f"{p.id} @{p.index} ({m}, {p.kind})")
-            print(f"  {c.name}: " + "; ".join(cells))
-        print(report.answer)
-        print(f"engine starts: {report.engine_starts} (budget {report.budget}); record: {dest}")
+            emit(f"  {c.name}: " + "; ".join(cells))
+        emit(report.answer)
+        emit(f"engine starts: {report.engine_starts} (budget {report.budget}); record: {dest}")
     return EXIT_OK

@@ -11,7 +11,7 @@ from oracle_build.commands.common import (
     Subparsers,
 )
 from oracle_build.core.errors import EXIT_OK
-from oracle_build.core.log import say
+from oracle_build.core.log import emit, say
 
 
 def register(sub: Subparsers) -> None:
@@ -43,7 +43,7 @@ def run_externals(args: argparse.Namespace) -> int:
     block = externals_block(Path(args.checkout), device=args.device,
                             machine=args.machine or platform.machine(),
                             mirrors=Path(args.externals) if args.externals else None)
-    print(block.toml, end="")
+    emit(block.toml, end="")
     if block.missing:
         say("still unestablished (the build refuses them until filled):\n  "
             + "\n  ".join(block.missing))

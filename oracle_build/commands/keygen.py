@@ -7,7 +7,7 @@ from pathlib import Path
 
 from oracle_build.commands.common import Subparsers
 from oracle_build.core.errors import EXIT_OK
-from oracle_build.core.log import say
+from oracle_build.core.log import emit, say
 
 
 def register(sub: Subparsers) -> None:
@@ -29,5 +29,5 @@ def run_keygen(args: argparse.Namespace) -> int:
     secret, public, key = generate(args.name, Path(args.out))
     say(f"secret key: {secret} (mode 0600; never commit it)")
     say(f"public key: {public}; add this line to pins/trusted-keys:")
-    print(key.public_line)
+    emit(key.public_line)
     return EXIT_OK

@@ -9,6 +9,7 @@ from pathlib import Path
 from oracle_build.commands.cacheopts import CACHE_HELP, add_cache_args, cache_options
 from oracle_build.commands.common import EXIT_CODES_HELP, Subparsers
 from oracle_build.core.errors import EXIT_OK
+from oracle_build.core.log import emit
 
 DEFAULT_TRUSTED = Path("pins") / "trusted-keys"
 
@@ -39,8 +40,8 @@ def run_list(args: argparse.Namespace) -> int:
     trusted = opts.trusted_keys or DEFAULT_TRUSTED.resolve()
     entries = fleet.list_cache(opts, trusted)
     if args.json:
-        print(json.dumps({"cache": str(opts.ref), "trusted_keys": str(trusted),
+        emit(json.dumps({"cache": str(opts.ref), "trusted_keys": str(trusted),
                           "oracles": [e.as_dict() for e in entries]}, indent=2))
     else:
-        print(fleet.render(entries, str(opts.ref)))
+        emit(fleet.render(entries, str(opts.ref)))
     return EXIT_OK

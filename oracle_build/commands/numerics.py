@@ -20,7 +20,7 @@ from oracle_build.core import verdicts
 from oracle_build.core.errors import (
     as_data,
 )
-from oracle_build.core.log import say
+from oracle_build.core.log import emit, say
 from oracle_build.services.numerics import (
     numerics,
 )
@@ -66,20 +66,20 @@ def run_numerics(args: argparse.Namespace) -> int:
                    home=home, only=args.only or None, kernel_variant=args.kernel_variant)
     unusual = [v for v in out.verified if v.status != "pass" or not v.logprobs_identical]
     if unusual:  # the whole verify report for members that did not pass bit for bit
-        print(render(VerifyReport(report_schema=VERIFY_REPORT_SCHEMA, created_utc="",
+        emit(render(VerifyReport(report_schema=VERIFY_REPORT_SCHEMA, created_utc="",
                                   exit_code=out.exit_code, goldens=unusual)))
     for v in out.verified:
         logprobs = {True: "top-k logprobs bit-identical", False: "top-k logprobs DIFFER",
                     None: "nothing run"}[v.logprobs_identical]
-        print(f"  {v.name:<12} {v.status.upper():<10} {v.summary.split(';')[0]}; {logprobs}")
+        emit(f"  {v.name:<12} {v.status.upper():<10} {v.summary.split(';')[0]}; {logprobs}")
     if out.captured:
-        print(f"captured the golden set for this pin, target and CPU kernel variant: "
+        emit(f"captured the golden set for this pin, target and CPU kernel variant: "
               f"{', '.join(out.captured)}")
-        print(f"  commit it: git add {out.set_dir}")
+        emit(f"  commit it: git add {out.set_dir}")
     if out.line:
-        print(verdicts.numerics(out.line, out.fingerprint or None))
+        emit(verdicts.numerics(out.line, out.fingerprint or None))
     for line in out.drift + out.not_held:
-        print(as_data(line, 2000))  # prompt ids, CPU models: values read from the goldens
+        emit(as_data(line, 2000))  # prompt ids, CPU models: values read from the goldens
     if args.only:
         say("(fingerprint over the members run with --only, not the whole battery)")
     return out.exit_code

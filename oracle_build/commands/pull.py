@@ -14,6 +14,7 @@ from oracle_build.commands.common import (
     pin_and_target,
 )
 from oracle_build.core.errors import EXIT_OK
+from oracle_build.core.log import emit
 
 
 def register(sub: Subparsers) -> None:
@@ -40,7 +41,7 @@ def run_pull(args: argparse.Namespace) -> int:
     pin, target = pin_and_target(args, plan_only=True)
     _home, wheelhouse = homes(args)
     result = cache.pull(opts, pin, target, wheelhouse_root=wheelhouse)
-    print(f"{opts.ref}:{result.tag}@{result.digest}  signed by "
+    emit(f"{opts.ref}:{result.tag}@{result.digest}  signed by "
           f"{result.signed_by or 'nobody (allowed unsigned or untrusted)'}; "
           f"{result.fetched} wheels pulled, {result.present} already present")
     return EXIT_OK

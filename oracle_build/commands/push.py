@@ -14,7 +14,7 @@ from oracle_build.commands.common import (
 )
 from oracle_build.core import verdicts
 from oracle_build.core.errors import EXIT_OK
-from oracle_build.core.log import say
+from oracle_build.core.log import emit, say
 
 
 def register(sub: Subparsers) -> None:
@@ -50,5 +50,5 @@ def run_push(args: argparse.Namespace) -> int:
     say(verdicts.identity_then("pushing"))
     result = cache.push(opts, pin, target, home=home, wheelhouse_root=wheelhouse,
                         unsigned=args.unsigned)
-    print(f"{opts.ref}:{result.tag}@{result.digest}")
+    emit(f"{opts.ref}:{result.tag}@{result.digest}")
     return EXIT_OK

@@ -6,6 +6,7 @@ import argparse
 
 from oracle_build.commands.common import EXIT_CODES_HELP, Subparsers
 from oracle_build.core.errors import EXIT_OK
+from oracle_build.core.log import emit
 
 
 def register(sub: Subparsers) -> None:
@@ -27,5 +28,5 @@ def run_schema(args: argparse.Namespace) -> int:
     from oracle_build.contracts import schemas
 
     for path in schemas.write():
-        print(path)
+        emit(path)
     return EXIT_OK

@@ -14,7 +14,7 @@ from oracle_build.commands.common import (
     homes,
 )
 from oracle_build.core.files import check_writable
-from oracle_build.core.log import say
+from oracle_build.core.log import emit, say
 from oracle_build.report import html
 from oracle_build.report.ci import ci_reports
 from oracle_build.report.page import PageData, verify_page
@@ -80,9 +80,9 @@ def run_verify(args: argparse.Namespace) -> int:
                     cross_target=args.cross_target, page=page,
                     kernel_variant=args.kernel_variant)
     if args.json:
-        print(report.model_dump_json(indent=2))
+        emit(report.model_dump_json(indent=2))
     else:
-        print(render(report))
+        emit(render(report))
     ci_reports(report, junit_path=args.junit_xml, summary_path=args.summary_md)
     if page is not None:
         html.write(verify_page(report, page), Path(args.html))

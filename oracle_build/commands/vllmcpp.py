@@ -10,7 +10,7 @@ from oracle_build.commands.common import (
     Subparsers,
 )
 from oracle_build.core.errors import EXIT_OK
-from oracle_build.core.log import say
+from oracle_build.core.log import emit, say
 
 
 def register(sub: Subparsers) -> None:
@@ -45,7 +45,7 @@ def run_import(args: argparse.Namespace) -> int:
 
     dest = import_to(Path(args.path), Path(args.out), name=args.name)
     say(f"imported {args.path} -> {dest}")
-    print(dest)
+    emit(dest)
     return EXIT_OK
 
 
@@ -56,5 +56,5 @@ def run_export(args: argparse.Namespace) -> int:
     path = golden_file(Path(args.golden))
     dest = export(load_golden(path), path, Path(args.dir))
     say(f"exported {path} -> {dest} (vllm.cpp battery + attributed oracle.json)")
-    print(dest)
+    emit(dest)
     return EXIT_OK

@@ -7,6 +7,7 @@ functions directly and assert on the exception type and message.
 from __future__ import annotations
 
 import re
+import secrets
 from pathlib import Path
 
 # Exit codes, documented in the README. 0 = success.
@@ -80,15 +81,39 @@ LOOKS_LIKE_VERDICT = re.compile(
     r"#+ .*: (PASS|DRIFT|ORACLE MISMATCH|CONFIGURATION DIFFERENCE)\b)")
 
 
+# The mark a verdict line carries from core/verdicts.py (the only caller of ``verdict_line``)
+# to the one renderer below, which takes it off: a per-process random token, so no value
+# read from a file, the environment or a registry can carry it, whether or not the call site
+# that printed the value escaped it.
+_MARK = "\x1f" + secrets.token_hex(12) + "\x1f"
+
+
+def verdict_line(line: str) -> str:
+    """``line`` (one line, made by core/verdicts.py from the tool's own facts) marked as a
+    verdict the tool wrote: the renderer shows it as it is."""
+    assert "\n" not in line, line
+    return _MARK + line
+
+
 def defused_lines(text: str) -> str:
     """``text`` as lines a terminal, a log or a report can show: in each line what could
-    rewrite a terminal escaped, and a line that reads as a verdict put behind a bar (the one
-    place this is done: errors and reports alike)."""
+    rewrite a terminal escaped, and a line that reads as a verdict put behind a bar unless
+    core/verdicts.py made it (the one place this is done: every line the tool prints, on
+    stdout or stderr, its errors and its reports alike)."""
     out = []
     for line in text.split("\n"):
-        shown = _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), line)
-        out.append(f"  | {shown}" if LOOKS_LIKE_VERDICT.match(shown) else shown)
+        own = line.startswith(_MARK)
+        if own:
+            line = line[len(_MARK):]
+        shown = _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(),
+                             line.replace(_MARK, ""))
+        out.append(f"  | {shown}" if LOOKS_LIKE_VERDICT.match(shown) and not own else shown)
     return "\n".join(out)
+
+
+def plain(text: str) -> str:
+    """``text`` without its verdict marks (a value compared, not printed)."""
+    return text.replace(_MARK, "")
 
 
 def as_data(text: str, limit: int = 1000) -> str:

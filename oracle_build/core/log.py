@@ -9,11 +9,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from oracle_build.core import interrupt
+from oracle_build.core.errors import defused_lines
 
 
-def say(message: str = "") -> None:
-    """Progress and facts for the human go to stderr; stdout stays for results."""
-    print(message, file=sys.stderr, flush=True)
+def say(message: object = "") -> None:
+    """Progress and facts for the human go to stderr; stdout stays for results. With
+    ``emit``, the only writers of the tool's console: every line through the one renderer
+    (core.errors.defused_lines: control characters escaped, a line that reads as a verdict
+    behind a bar unless core/verdicts.py made it)."""
+    print(defused_lines(str(message)), file=sys.stderr, flush=True)
+
+
+def emit(message: object = "", *, end: str = "\n") -> None:
+    """A command's result on stdout (a report, an identity block, JSON), through the same
+    renderer as ``say``."""
+    print(defused_lines(str(message)), end=end, flush=True)
 
 
 def fmt_seconds(seconds: float) -> str:

@@ -149,7 +149,7 @@ def summary_md(report: VerifyReport) -> str:
             lines.append(f"**gate:** {v.gate.kind} ({md(v.gate.reason)}): "
                          + gate_result(v.gate.passed))
             lines.append("")
-    return "\n".join(lines) + "\n"
+    return defused_lines("\n".join(lines)) + "\n"  # the verdict headings unmarked
 
 
 def ci_reports(report: VerifyReport, *, junit_path: str | None,
