@@ -309,6 +309,15 @@ def config_diffs(rec: Recorded, new: dict[str, Any]) -> tuple[list[FieldDiff],
             cur["kernel_variant.requested"] = variant.requested
             old["kernel_variant.env"] = held.env
             cur["kernel_variant.env"] = variant.env
+            # the whole hold, where the golden records it (issue 55): the library the
+            # process mapped, torch's dispatch level, every torch.cpu answer given
+            if held.predicates is not None:
+                old["kernel_variant.libraries"] = held.libraries
+                cur["kernel_variant.libraries"] = variant.libraries
+                old["kernel_variant.torch_capability"] = held.torch_capability
+                cur["kernel_variant.torch_capability"] = variant.torch_capability
+                old["kernel_variant.predicates"] = held.predicates
+                cur["kernel_variant.predicates"] = variant.predicates
     numerics: list[FieldDiff] = []
     context: list[FieldDiff] = []
     tightened: dict[str, str] = dict(golden.classification)

@@ -146,6 +146,14 @@ def test_golden_carries_everything(captured: Captured) -> None:
     assert variant.env == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE",
                            "ONEDNN_MAX_CPU_ISA": "AVX2"}
     assert not set(variant.env) & set(golden.environment or {})
+    # the whole hold (issue 55): every torch.cpu answer the process was given, as the
+    # variant's CPU would answer (no AVX-512, no AMX), and what this CPU itself answered
+    from oracle_build.devices.cpu import VARIANTS
+
+    assert variant.predicates == VARIANTS["x86_64-avx2"].predicates
+    assert variant.predicates and variant.predicates["_is_avx512_supported"] is False
+    assert variant.cpu_answers is not None and set(variant.cpu_answers) == set(
+        variant.predicates)
     assert golden.oracle.identity["cpu_variant"] == "x86_64-avx2"
     # the CPU it ran on, so a bit difference under a held variant is told apart by CPU model
     assert golden.run.host["cpu_model"] and golden.run.host["cpu_vendor"]

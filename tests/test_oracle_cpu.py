@@ -43,9 +43,11 @@ def fields(ident: identity.Identity) -> set[str]:
 
 def test_cpu_oracle_builds_and_proves_identity(cpu_oracle: BuiltOracle) -> None:
     """Slow: needs the session's real CPU oracle (built once per run); its own work is seconds."""
+    from oracle_build.core.errors import defused_lines
+
     ident = cpu_oracle.outcome.identity
     assert ident.ok, ident.mismatches
-    block = ident.block().splitlines()
+    block = defused_lines(ident.block()).splitlines()  # as printed
     assert block[0].startswith("vllm 0.32.0   transformers 5.19.0")
     assert block[1].startswith("torch 2.13.0+cpu")
     site = site_packages(cpu_oracle.venv)

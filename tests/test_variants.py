@@ -197,6 +197,42 @@ def test_the_variant_in_force_is_a_numerics_setting_and_what_was_asked_is_contex
     assert numerics == [] and [d.field for d in context] == ["kernel_variant.requested"]
 
 
+def test_the_whole_hold_a_golden_records_is_held_to_on_verify() -> None:
+    """Issue 55: a golden that records the whole hold (the library the process mapped,
+    torch's capability, every torch.cpu answer given) is held to each: a run whose hold
+    answered one predicate otherwise, or mapped another library, is a numerics difference,
+    named; the CPU's own answers (another CPU answers otherwise) are not compared."""
+    from oracle_build.contracts.golden import KernelVariantRecord
+
+    golden = load_golden(TINY_SPEC)
+    rec = recorded(golden, TINY_SPEC / "golden.json")
+    given = {"_is_avx2_supported": True, "_is_avx512_supported": False,
+             "_is_avx512_bf16_supported": False, "_is_amx_tile_supported": False}
+    full = KernelVariantRecord(requested="x86_64-avx2", resolved="x86_64-avx2",
+                               libraries=["_C_AVX2.abi3.so"], torch_capability="AVX2",
+                               env={"ATEN_CPU_CAPABILITY": "avx2"}, predicates=given,
+                               cpu_answers={"_is_avx512_supported": True})
+    rec2 = type(rec)(golden, rec.oracle, rec.engine.model_copy(update={"kernel_variant": full}),
+                     rec.spec, rec.batch, rec.environment, rec.logprobs)
+
+    def run(**update: typing.Any) -> dict[str, typing.Any]:
+        engine = rec.engine.model_copy(update={"kernel_variant": full.model_copy(
+            update=update)})
+        return {"engine": engine, "environment": rec.environment, "sampling": golden.sampling,
+                "calls": rec.batch["calls"]}
+
+    assert judge.config_diffs(rec2, run()) == ([], [])
+    assert judge.config_diffs(rec2, run(cpu_answers={"_is_avx512_supported": False})) == (
+        [], [])
+    numerics, _ = judge.config_diffs(rec2, run(predicates={**given,
+                                                           "_is_avx512_supported": True}))
+    assert [d.field for d in numerics] == ["kernel_variant.predicates"]
+    numerics, _ = judge.config_diffs(rec2, run(libraries=["_C.abi3.so"],
+                                               torch_capability="AVX512"))
+    assert [d.field for d in numerics] == ["kernel_variant.libraries",
+                                           "kernel_variant.torch_capability"]
+
+
 # ----------------------------------------------------------------------------- slow
 
 

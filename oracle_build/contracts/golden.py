@@ -90,6 +90,12 @@ class KernelVariantRecord(Strict):
     libraries: list[str] = Field(default_factory=list)
     torch_capability: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    # every torch.cpu predicate the hold answered before vLLM was imported, with the answer
+    # it gave (empty: the CPU's own answers, nothing held); None: not recorded (a golden
+    # captured before issue 55)
+    predicates: dict[str, bool] | None = None
+    # what this CPU itself answered to each (context: another CPU answers otherwise)
+    cpu_answers: dict[str, bool | None] | None = None
 
 
 class EngineRecord(Strict):

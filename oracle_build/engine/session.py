@@ -178,11 +178,16 @@ class EngineSession:
                                    "was held to; nothing it computed is recorded")
         loaded = kernels.get("loaded")
         capability = kernels.get("torch_capability")
+        given, real = kernels.get("predicates"), kernels.get("answers")
         return KernelVariantRecord(
             requested=hold.requested, resolved=kernels.get("variant"),
             libraries=[str(x) for x in loaded] if isinstance(loaded, list) else [],
             torch_capability=capability if isinstance(capability, str) else None,
-            env={k: v for k, v in result.env.items() if k in CPU_NUMERICS})
+            env={k: v for k, v in result.env.items() if k in CPU_NUMERICS},
+            predicates=({str(k): bool(v) for k, v in given.items() if isinstance(v, bool)}
+                        if isinstance(given, dict) else {}),
+            cpu_answers=({str(k): v if isinstance(v, bool) else None
+                          for k, v in real.items()} if isinstance(real, dict) else None))
 
 
 def attach_topk(raw: dict[str, Any], arrays: dict[str, Any] | None, where: Path) -> None:

@@ -236,6 +236,7 @@ def hold_kernel_variant():
     import torch
 
     real = {}
+    given = {}
     for name, value in sorted(hold["predicates"].items()):
         fn = getattr(torch.cpu, name, None)
         if fn is not None:
@@ -244,7 +245,8 @@ def hold_kernel_variant():
             except Exception:
                 real[name] = None
         setattr(torch.cpu, name, (lambda answer=bool(value): answer))
-    HELD.update(variant=hold["variant"], cpu=real)
+        given[name] = bool(value)
+    HELD.update(variant=hold["variant"], cpu=real, predicates=given)
     return HELD
 
 
@@ -282,7 +284,9 @@ def cpu_kernels(machine):
              "avx512_bf16": ask("_is_avx512_bf16_supported"),
              "amx": ask("_is_amx_tile_supported"),
              # the variant this process was held to, and what the CPU itself answers
-             "held": HELD.get("variant"), "cpu": HELD.get("cpu")}
+             "held": HELD.get("variant"), "cpu": HELD.get("cpu"),
+             # every torch.cpu predicate the hold answered, with the answer it gave
+             "predicates": HELD.get("predicates"), "answers": HELD.get("cpu")}
     machine = machine or platform.machine()
     if machine != "x86_64":
         facts["variant"] = machine
