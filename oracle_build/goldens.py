@@ -180,3 +180,34 @@ def run_variant(rec: Recorded, path: Path, target: Target,
                        [(where, f"{printable(variant)} is not a CPU kernel variant of an "
                          f"{target.machine} oracle (known: {', '.join(known)})")])
     return variant
+
+
+def numbers_differ(old: Golden, new: Golden) -> tuple[list[str], int, int]:
+    """Where ``new``'s numbers are not ``old``'s, bit for bit: every prompt's tokens, every
+    leg's tokens, every top-k row (ids and logprobs, exactly). Returns the differences (at
+    most 20, each naming prompt and position) and the tokens and top-k cells compared."""
+    out: list[str] = []
+    tokens = cells = 0
+    if [p.id for p in old.prompts] != [p.id for p in new.prompts]:
+        return ["the prompts are not the same ones"], 0, 0
+    for i, (a, b) in enumerate(zip(old.prompts, new.prompts, strict=True)):
+        tokens += len(a.token_ids)
+        if list(a.token_ids) != list(b.token_ids):
+            first = next((j for j, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=False))
+                          if x != y), min(len(a.token_ids), len(b.token_ids)))
+            out.append(f"prompt {a.id}: tokens differ from position {first}")
+            continue
+        rows_a, rows_b = old.prompt_topk(i), new.prompt_topk(i)
+        if (rows_a is None) != (rows_b is None):
+            out.append(f"prompt {a.id}: top-k recorded in only one of them")
+            continue
+        for pos, (ra, rb) in enumerate(zip(rows_a or [], rows_b or [], strict=True)):
+            pairs_a = [(int(t), float(lp)) for t, lp in ra]
+            pairs_b = [(int(t), float(lp)) for t, lp in rb]
+            cells += len(pairs_a)
+            if pairs_a != pairs_b:
+                out.append(f"prompt {a.id} position {pos}: top-k differs")
+                break
+    if old.legs is not None and new.legs is not None and old.legs.tokens != new.legs.tokens:
+        out.append("the legs' tokens differ")
+    return out[:20], tokens, cells

@@ -327,3 +327,30 @@ def test_a_logprob_difference_from_another_cpu_model_is_not_held_never_drift(
     moved = verdict({"cpu_vendor": "AuthenticAMD", "cpu_model": "AMD EPYC 9B14"}, "drift")
     drift, not_held = differences([moved])  # a token that moved is drift on any CPU
     assert not_held == [] and "prompt capital position 3" in drift[0]
+
+
+def test_numbers_differ_finds_any_bit_of_a_goldens_numbers() -> None:
+    """Issue 55: what capture --migrate compares. A golden against itself: nothing, and
+    every token and top-k cell counted; one logprob one ulp off, or one token other: named
+    by prompt and position."""
+    import numpy as np
+
+    from oracle_build.goldens import numbers_differ
+
+    golden = load_golden(TINY_SPEC)
+    same, tokens, cells = numbers_differ(golden, golden)
+    assert same == [] and tokens == sum(len(p.token_ids) for p in golden.prompts) == 72
+    assert cells == sum(len(row) for i in range(len(golden.prompts))
+                        for row in golden.prompt_topk(i) or []) > 72
+    rows = [[list(map(list, golden.prompt_topk(i) or [])) for i in range(len(golden.prompts))]]
+    rows[0][1][5][3][1] = float(np.nextafter(np.float32(rows[0][1][5][3][1]), np.float32(0)))
+    prompts = [p.model_copy(update={"topk": rows[0][i]}) for i, p in enumerate(golden.prompts)]
+    off = golden.model_copy(update={"prompts": prompts, "topk": None})
+    object.__setattr__(off, "_table", None)
+    differ, _, _ = numbers_differ(golden, off)
+    assert differ == [f"prompt {golden.prompts[1].id} position 5: top-k differs"]
+    other = golden.model_copy(update={"prompts": [golden.prompts[0].model_copy(update={
+        "token_ids": [*golden.prompts[0].token_ids[:3], 299,
+                      *golden.prompts[0].token_ids[4:]]}), *golden.prompts[1:]]})
+    differ, _, _ = numbers_differ(golden, other)
+    assert differ[0] == f"prompt {golden.prompts[0].id}: tokens differ from position 3"

@@ -37,6 +37,12 @@ def register(sub: Subparsers) -> None:
                    "under replaced/")
     c.add_argument("--reason", help="why the golden is re-baselined (a pin bump, a fixed "
                    "spec): recorded in the new golden with the replaced golden's oracle")
+    c.add_argument("--migrate", action="store_true",
+                   help="bring existing goldens up to what a capture records today (the "
+                   "whole CPU kernel-variant hold, the CPU model): each is run again under "
+                   "its own variant and replaced only when every token and top-k logprob is "
+                   "the old one's, bit for bit (else exit 8, left as it is); the new golden "
+                   "records the migration (replaces.reproduced)")
     c.add_argument("--allow-nondeterministic", action="store_true",
                    help="publish even if the legs disagree, marked non-deterministic (never "
                    "usable for a strict gate)")
@@ -51,7 +57,8 @@ def run_capture(args: argparse.Namespace) -> int:
     written = capture([Path(p) for p in args.specs], home=home, replace=args.replace,
                       allow_nondeterministic=args.allow_nondeterministic,
                       target=args.target, out=Path(args.out).resolve() if args.out else None,
-                      reason=args.reason, kernel_variant=args.kernel_variant)
+                      reason=args.reason, kernel_variant=args.kernel_variant,
+                      migrate=args.migrate)
     for path in written:
         emit(path)
     return EXIT_OK

@@ -228,6 +228,15 @@ def _oracle_kind(value: Any) -> str:
 NULLABLE = ("spec", "model", "engine", "environment", "batch", "legs", "logprobs", "run")
 
 
+class MigrationRecord(Strict):
+    """What a migration compared: the replaced golden's numbers against the new run's."""
+
+    bit_for_bit: Literal[True]
+    tokens: int = Field(ge=0)
+    topk_cells: int = Field(ge=0)
+    filled: list[str]  # the fields the replaced golden did not record that this one does
+
+
 class ReplacedRecord(Strict):
     """What a re-baselined golden replaced, and why (capture --replace --reason)."""
 
@@ -237,6 +246,9 @@ class ReplacedRecord(Strict):
     pin_key: str | None = None
     vllm: str | None = None
     created_utc: str | None = None
+    # capture --migrate: the new golden's run reproduced the replaced one's numbers bit for
+    # bit (every token, every top-k id and logprob), so only what it records is new
+    reproduced: MigrationRecord | None = None
 
 
 class Golden(Strict):

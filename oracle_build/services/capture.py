@@ -22,12 +22,14 @@ from oracle_build.contracts.golden import (
     EmbeddedPin,
     Golden,
     LegsRecord,
+    MigrationRecord,
     ModelRecord,
     OracleRecord,
     PromptRecord,
     ReplacedRecord,
     RunRecord,
     load_golden,
+    recorded,
 )
 from oracle_build.contracts.pins import Pin, load_pin
 from oracle_build.contracts.spec import Spec, load_spec, spec_file
@@ -176,6 +178,34 @@ def weights_consumed(job: Job, result: EngineResult) -> None:
         "vLLM's loader")
 
 
+def migrated(path: Path, new: Golden) -> Golden:
+    """``new`` (a run of the golden at ``path``'s spec under its own variant) as the
+    golden's migration, when its numbers are the old golden's bit for bit; else refused,
+    naming where they differ."""
+    old = load_golden(path)
+    differ, tokens, cells = goldens.numbers_differ(old, new)
+    if differ:
+        raise Refused(f"{path}: not migrated: this run does not reproduce its numbers bit "
+                      "for bit: " + "; ".join(differ),
+                      hint="the golden stays as it is; a re-baseline is `capture --replace "
+                      "--reason TEXT` (it says why), or migrate on a host of the CPU model "
+                      "it was captured on")
+    filled = []
+    held = new.engine.kernel_variant if new.engine else None
+    was = old.engine.kernel_variant if old.engine else None
+    if held is not None and (was is None or was.predicates is None):
+        filled.append("engine.kernel_variant")
+    for key in ("cpu_model", "cpu_vendor"):
+        if (old.run is None or not old.run.host.get(key)) and new.run and new.run.host.get(key):
+            filled.append(f"run.host.{key}")
+    assert new.replaces is not None
+    say(f"    reproduced {path} bit for bit ({tokens} tokens, {cells} top-k cells); "
+        f"filled: {', '.join(filled) or 'nothing new'}")
+    return new.model_copy(update={"replaces": new.replaces.model_copy(update={
+        "reproduced": MigrationRecord(bit_for_bit=True, tokens=tokens, topk_cells=cells,
+                                      filled=filled)})})
+
+
 def replaced_record(path: Path, reason: str) -> ReplacedRecord:
     """The golden about to be replaced: its bytes' sha256, its oracle, when it was made. A
     file that no longer loads is still named by its hash."""
@@ -216,10 +246,18 @@ def writable_or_refuse(folder: Path) -> None:
 def capture(paths: list[Path], *, home: Path, replace: bool = False,
             allow_nondeterministic: bool = False, target: str | None = None,
             out: Path | None = None, oracles: Oracles | None = None,
-            reason: str | None = None, kernel_variant: str | None = None) -> list[Path]:
+            reason: str | None = None, kernel_variant: str | None = None,
+            migrate: bool = False) -> list[Path]:
     """Capture every spec in ``paths``; returns the goldens written. Replacing a golden
     needs ``reason``; the new golden records it and what it replaced. ``kernel_variant``:
     the CPU kernel variant the engines are held to (default: each pin target's).
+
+    ``migrate``: bring each existing golden up to what a capture records today (the whole
+    kernel-variant hold, the CPU model) from a run that reproduces its numbers: each engine
+    is held to the golden's own variant, and the new golden replaces the old only when
+    every token and every top-k id and logprob is the old one's, bit for bit (else refused,
+    exit 8, nothing written for it); the new golden's ``replaces.reproduced`` records what
+    was compared and which fields were filled.
 
     No ``paths``: the embedded default spec. Its committed golden is never overwritten, so
     without ``out`` (and without ``replace``) a fresh one is written under the home's
@@ -233,6 +271,16 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
     jobs = [make_job(p, host_target=target, out=out) for p in paths]
     for job in jobs:
         job.variant = kernel_variant
+    if migrate:
+        replace = True
+        reason = ((reason or "").strip() or "migration: the kernel-variant hold recorded in "
+                  "full, from a run that reproduces the golden's numbers bit for bit")
+        for job in jobs:
+            if not job.golden_path.exists():
+                raise Refused(f"{job.golden_path}: no golden to migrate",
+                              hint="capture it first (capture without --migrate)")
+            job.variant = kernel_variant or recorded(load_golden(job.golden_path),
+                                                    job.golden_path).kernel_variant
     names = [j.golden_path for j in jobs]
     if len(set(names)) != len(names):
         raise Refused("two specs in one call write the same golden")
@@ -289,6 +337,8 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
                     if job.golden_path.exists() and reason:
                         golden = golden.model_copy(update={"replaces": replaced_record(
                             job.golden_path, reason)})
+                    if migrate:
+                        golden = migrated(job.golden_path, golden)
                     kept = goldens.publish(golden, job.golden_path, replace=replace)
                     if kept:
                         say(f"    kept the replaced golden at {kept} (reason: {reason})")
