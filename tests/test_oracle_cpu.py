@@ -135,7 +135,7 @@ def test_other_version_of_pinned_package(cpu_oracle: BuiltOracle, scratch_venv: 
     """Slow: needs the session's real CPU oracle (built once per run); its own work is seconds."""
     subprocess.run([uv(), "pip", "install", "--python", str(scratch_venv / "bin/python"),
                     "--no-deps", "transformers==5.18.0"], check=True, capture_output=True,
-                   env={**envmod.build_env(), **envmod.UV})
+                   env={**envmod.build_env(network=True), **envmod.UV})
     ident = identity.check(cpu_oracle.pin, cpu_oracle.pin.target("cpu"), scratch_venv, staged=True)
     assert ("transformers (installed)", "5.19.0", "5.18.0") in ident.mismatches
     assert ("transformers.__version__", "5.19.0", "5.18.0") in ident.mismatches
@@ -223,7 +223,7 @@ def test_drift_is_reported_not_replaced_then_rebuild(cpu_oracle: BuiltOracle,
     args = ["build", *own_args]
     subprocess.run([uv(), "pip", "install", "--python", str(venv / "bin/python"),
                     "--no-deps", "transformers==5.18.0"], check=True, capture_output=True,
-                   env={**envmod.build_env(), **envmod.UV})
+                   env={**envmod.build_env(network=True), **envmod.UV})
     assert main(args) == IdentityMismatch([], where="").exit_code == 3  # reported...
     assert (site_packages(venv) / "transformers-5.18.0.dist-info").exists()
     sampler = break_link(site / "vllm" / "v1" / "sample" / "sampler.py")

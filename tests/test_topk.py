@@ -85,7 +85,14 @@ def test_bundled_golden_is_current_and_travels_alone(
     assert new.golden_schema == 2 and new.topk is not None and old.golden_schema == 1
     assert new.oracle.embedded_pin is not None  # type: ignore[union-attr]
     assert new.oracle.identity["cpu_variant"] == "x86_64-avx2"  # type: ignore[union-attr]
-    assert new.replaces is not None and new.replaces.golden_sha256 == sha256_file(FORMAT1)
+    # its history, each replaced golden kept under replaced/, back to the format-1 file
+    # (the last step: capture --migrate, issue 55, which reproduced it bit for bit)
+    kept = {sha256_file(p): p for p in (TINY_SPEC / "replaced").glob("golden.*.json")}
+    step, seen = new, 0
+    while step.replaces is not None and step.replaces.golden_sha256 != sha256_file(FORMAT1):
+        step, seen = load_golden(kept[step.replaces.golden_sha256]), seen + 1
+    assert step.replaces is not None and step.replaces.golden_sha256 == sha256_file(FORMAT1)
+    assert new.replaces is not None and new.replaces.reproduced is not None and seen == 1
     assert [p.token_ids for p in new.prompts] == [p.token_ids for p in old.prompts]
     assert judge.first_topk_difference([p.id for p in old.prompts], old.topk_table(),
                                        new.topk_table(), 20) is None

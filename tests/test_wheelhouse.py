@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 def uv_cache_bytes() -> tuple[Path, int]:
     """uv's cache as a build's uv sees it (the build environment: UV_* scrubbed), and the
     bytes it holds."""
-    env = {**envmod.build_env(), **envmod.UV}
+    env = {**envmod.build_env(network=True), **envmod.UV}
     where = Path(subprocess.run([uv(), "cache", "dir"], env=env, capture_output=True,
                                 text=True, check=True).stdout.strip())
     total = sum(f.lstat().st_size for f in where.rglob("*") if f.is_file()) \

@@ -197,7 +197,8 @@ BUILD_PASSED_PREFIXES = ("LC_",)
 # where it fetches it from is the host's business.
 NETWORK_PASSED = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy",
                   "https_proxy", "no_proxy", "all_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR",
-                  "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "HOME")
+                  "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "GIT_SSL_CAPATH",
+                  "HOME")
 NETWORK_PASSED_PREFIXES = ("PIP_",)
 # The stripped environment of build_oracle --check's second build: the caller's BUILD_PASSED
 # replaced by these, so that a build whose bytes follow the caller's locale or time zone is
@@ -281,8 +282,8 @@ def build_passed(key: str) -> bool:
 
 
 def network_passed(key: str) -> bool:
-    return (key in NETWORK_PASSED or key.startswith(NETWORK_PASSED_PREFIXES)) and not (
-        build_dropped(key))
+    return key in NETWORK_PASSED or (key.startswith(NETWORK_PASSED_PREFIXES)
+                                     and not build_dropped(key))
 
 
 def jobs_setting() -> str | None:

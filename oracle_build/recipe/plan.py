@@ -408,7 +408,14 @@ def build_base(pin: Pin, staging: Path, svenv: Path, *, stripped: bool,
     pin builds with) and the system's; a HOME and TMPDIR in the staging folder; the network
     closed where the host allows it (core.proc.network_closure)."""
     path = envmod.build_env().get("PATH")
-    tools = [c.path for c in (compilers or {}).values()]
+    # the interpreter the venv is made from, as the caller's PATH finds it (a pyenv's, a
+    # distribution's): its folder first after the staging venv's, so that the made PATH
+    # finds the same one (the record names it)
+    found = proc.query([uv(), "python", "find", "--system", pin.model.python],
+                       env={**envmod.build_env(), **envmod.UV}, timeout=60)
+    interpreter = (os.path.realpath(found.output.strip().splitlines()[-1])
+                   if found.ok and found.output.strip() else None)
+    tools = [interpreter, *(c.path for c in (compilers or {}).values())]
     tools += [shutil.which(name, path=path) for name in ("ccache", "git")]
     if pin.model.build.rust_frontend == "build":
         tools.append(shutil.which("cargo", path=path))

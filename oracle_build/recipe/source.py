@@ -35,10 +35,15 @@ MIRROR_KEYS = re.compile(
     r"|user\.(name|email))$")
 
 
-def git_cmd(args: list[str], *, cwd: Path | None = None, when: str | None = None) -> Cmd:
-    """A git command: safe transports only, no hooks, no system config, no prompt."""
-    return Cmd(["git", *GIT_SAFE, *args], env=dict(envmod.GIT),
-               cwd=str(cwd) if cwd else None, what="git " + args[0], when=when)
+def git_cmd(args: list[str], *, cwd: Path | None = None, when: str | None = None,
+            network: bool = False) -> Cmd:
+    """A git command: safe transports only, no hooks, no system config, no prompt.
+    ``network``: it talks to a remote origin (the pin's URL or a --mirror URL): the network
+    open for it, and lazy fetch allowed, from that origin only (a blob-less clone's checkout
+    fetches its blobs); a local mirror's never."""
+    env = {**envmod.GIT, "GIT_NO_LAZY_FETCH": "0"} if network else dict(envmod.GIT)
+    return Cmd(["git", *GIT_SAFE, *args], env=env, cwd=str(cwd) if cwd else None,
+               what="git " + args[0], when=when, network=network)
 
 
 def git(args: list[str], *, cwd: Path | None = None, log: Path | None = None,
@@ -141,9 +146,9 @@ def clone_commands(origin: str, dest: Path, commit: str) -> list[Cmd]:
     args = ["clone", "--no-checkout"]
     if is_remote:
         args.append("--filter=blob:none")  # full history, blobs on demand; never --depth
-    return [git_cmd([*args, "--", origin, str(dest)]),
-            git_cmd(["fetch", "--tags", "--force", "origin"], cwd=dest),
-            git_cmd(["checkout", "--detach", commit], cwd=dest)]
+    return [git_cmd([*args, "--", origin, str(dest)], network=is_remote),
+            git_cmd(["fetch", "--tags", "--force", "origin"], cwd=dest, network=is_remote),
+            git_cmd(["checkout", "--detach", commit], cwd=dest, network=is_remote)]
 
 
 def clone_at(origin: str, dest: Path, commit: str, *, log: Path | None = None,
