@@ -84,3 +84,24 @@ def test_plain_vllm_reproduces_a_golden_bit_for_bit_from_its_fields(
     else:
         assert done.returncode == 1, (done.stdout[-3000:], done.stderr[-3000:])
         assert "NOT reproduced:" in done.stdout and "position 0: top-k" in done.stdout
+
+
+def test_the_drivers_top_k_order_is_the_tools_own() -> None:
+    """The script keeps its own copy of the capture driver's top-k ordering (it may import
+    nothing of oracle_build): both order the same logprobs the same way, ties included."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    def load(path: Path) -> object:
+        spec = importlib.util.spec_from_file_location(path.stem + "_copy", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    tool = load(REPO / "oracle_build" / "inside" / "driver.py")
+    script = load(DRIVER)
+    lp = lambda v, r: SimpleNamespace(logprob=v, rank=r)  # noqa: E731
+    position = {7: lp(-1.5, 2), 3: lp(-0.25, 1), 9: lp(-1.5, None), 4: lp(-1.5, 2)}
+    want = [[3, -0.25], [4, -1.5], [7, -1.5], [9, -1.5]]
+    assert tool.topk(position, 4) == script.topk(position) == want  # type: ignore[attr-defined]
