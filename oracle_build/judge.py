@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from oracle_build.contracts import engine_keys
 from oracle_build.contracts.golden import Golden, Recorded
 from oracle_build.contracts.reports import FieldDiff, TokenKind, TokenRow
-from oracle_build.contracts.topk import TopKTable, first_difference
+from oracle_build.contracts.topk import TopKTable, first_difference, moved_cells
 from oracle_build.core.errors import BadInput
 
 TopK = Sequence[Sequence[Any]]  # [[token_id, logprob], ...] best first
@@ -245,6 +246,10 @@ def classify_setting(key: str, tightened: dict[str, str] | None = None) -> str:
     if key in classes:
         return classes[key]
     top = key.split(".", 1)[0]
+    if top == "requested":  # an engine argument: its class in the allow-list (scheduling
+        # decides which requests share a forward pass, so it is held like numerics)
+        return "context" if engine_keys.key_class(key.split(".", 1)[1]) == "context" \
+            else "numerics"
     return classes.get(top, "numerics")
 
 
@@ -258,6 +263,15 @@ def first_topk_difference(ids: Sequence[str], reference: TopKTable | None,
                       np.zeros((0, 1), dtype=np.int32), np.zeros((0, 1), dtype=np.float32))
     return first_difference(ids, reference if reference is not None else empty,
                             new.cut(k + 1) if new is not None else empty)
+
+
+def numbers_moved(ids: Sequence[str], reference: TopKTable | None, new: TopKTable | None,
+                  k: int) -> dict[str, Any] | None:
+    """How many of the golden's top-k logprobs the re-run did not give bit for bit (cells,
+    of, max_abs_delta); None when either side recorded none."""
+    if reference is None or new is None:
+        return None
+    return moved_cells(ids, reference, new.cut(k + 1))
 
 
 def _flat(prefix: str, value: Any, out: dict[str, Any]) -> None:
@@ -318,6 +332,14 @@ def config_diffs(rec: Recorded, new: dict[str, Any]) -> tuple[list[FieldDiff],
                 cur["kernel_variant.torch_capability"] = variant.torch_capability
                 old["kernel_variant.predicates"] = held.predicates
                 cur["kernel_variant.predicates"] = variant.predicates
+    # the run-time compiler the engine's kernels were compiled with, where the golden
+    # records it (issue 63): its version, the bytes of every program it runs and its -march
+    # are numerics; how it was chosen, its path and the kernels it made are context
+    compiler = new["engine"].compiler
+    if rec.engine.compiler is not None and compiler is not None:
+        for name in ("version", "tools", "march", "chosen_by", "path", "kernels"):
+            old[f"compiler.{name}"] = getattr(rec.engine.compiler, name)
+            cur[f"compiler.{name}"] = getattr(compiler, name)
     numerics: list[FieldDiff] = []
     context: list[FieldDiff] = []
     tightened: dict[str, str] = dict(golden.classification)

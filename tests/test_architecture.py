@@ -168,7 +168,7 @@ def test_the_page_has_one_renderer_of_a_cell_and_escapes_by_default() -> None:
 LAYERS = [
     ("", "core"), ("contracts",), ("devices",), ("host",),
     ("oracle.venv", "oracle.inventory", "oracle.elf", "oracle.identity"),
-    ("engine.host", "engine.caches"),
+    ("engine.host", "engine.caches", "engine.compiler"),
     ("oracle.opening",),
     ("engine.session", "engine.runs", "checkpoints", "recipe", "cache", "judge", "goldens"),
     ("report",), ("services",), ("commands", "interop"), ("cli", "__main__"),

@@ -16,6 +16,7 @@ from oracle_build.contracts.golden import (
 from oracle_build.contracts.spec import ModelSpec
 from oracle_build.core import layout
 from oracle_build.core.errors import (
+    BadInput,
     ModelMismatch,
     PreflightFailed,
 )
@@ -56,6 +57,11 @@ def resolve_model(spec: ModelSpec, base: Path, home: Path,
     if not path.is_dir():
         raise PreflightFailed(f"model folder {path} not found",
                               hint="models are read from local disk only; put the files there")
+    code = model_code(path)
+    if code:  # refused before any engine: the loader could import it
+        raise BadInput(path, code, hint="a model folder holds weights, configuration and a "
+                       "tokenizer; a model that needs its own code is not one an oracle runs "
+                       "(nothing of a spec or golden runs in the engine)")
     files: dict[str, dict[str, Any]] = {}
     for pattern in MODEL_FILE_GLOBS:
         for f in sorted(path.glob(pattern)):
@@ -83,6 +89,50 @@ def resolve_model(spec: ModelSpec, base: Path, home: Path,
         generation_config_sha256=(files.get("generation_config.json") or {}).get("sha256"),
     )
     return path, record
+
+
+# The files of a model folder that transformers reads and that may name code to import: an
+# ``auto_map`` (a class in a .py file of the folder, or of a hub repository), a tokenizer or
+# processor class given by a qualified name.
+CONFIG_FILES = ("config.json", "tokenizer_config.json", "preprocessor_config.json",
+                "processor_config.json", "generation_config.json", "image_processor_config.json",
+                "feature_extractor_config.json", "video_preprocessor_config.json")
+CLASS_KEYS = ("tokenizer_class", "processor_class", "image_processor_type",
+              "feature_extractor_type")
+MAX_SCANNED = 10_000
+
+
+def model_code(path: Path) -> list[tuple[str, str]]:
+    """(file, why) for everything in a model folder a loader could import: a Python file
+    anywhere in it, an ``auto_map`` in a configuration, a class named by a qualified name."""
+    out: list[tuple[str, str]] = []
+    for n, f in enumerate(sorted(path.rglob("*"))):
+        if n >= MAX_SCANNED:
+            out.append(("<folder>", f"more than {MAX_SCANNED} entries: not a model folder"))
+            break
+        if f.suffix in (".py", ".pyc", ".so") or f.name == "__pycache__":
+            out.append((str(f.relative_to(path)), "is code a loader could import "
+                        "(trust_remote_code is refused; such files are refused with it)"))
+    for name in CONFIG_FILES:
+        f = path / name
+        if not f.is_file():
+            continue
+        try:
+            data = load_json(f)
+        except BadInput as exc:
+            out.append((name, exc.message[:300]))
+            continue
+        if not isinstance(data, dict):
+            continue
+        if "auto_map" in data:
+            out.append((f"{name}: auto_map", "names classes to import from code beside the "
+                        "model or on the hub"))
+        for key in CLASS_KEYS:
+            value = data.get(key)
+            if isinstance(value, str) and ("." in value or "/" in value or "--" in value):
+                out.append((f"{name}: {key}", "names a class by a qualified name (code to "
+                            "import)"))
+    return out
 
 
 def recorded_model(rec: Recorded, golden_path: Path, home: Path,

@@ -49,6 +49,12 @@ def run_identity(args: argparse.Namespace) -> int:
         say("quick check: files whose size and mtime are unchanged are not hashed (an edit "
             "that keeps both passes it); without --quick every file is hashed")
     ident = identity.check(pin, pin.target(target), venv, deep=every_file)
+    # the compiler its engines would be given (engine/compiler.py), as capture and verify name it
+    from oracle_build import host
+    from oracle_build.engine import compiler as runtime
+
+    ident.runtime_compiler = runtime.choose(pin.target(target),
+                                            host.hold(pin.target(target))).line()
     print_identity(ident, args.json)
     if every_file:
         from oracle_build.contracts.record import DeepIdentity

@@ -34,6 +34,11 @@ class DriverRun(Strict):
     leg_seconds: list[float]
 
 
+class DriverNetwork(Strict):
+    interfaces: list[str] = Field(max_length=256)
+    reached_for: list[str] = Field(max_length=20)
+
+
 class DriverResult(Strict):
     """The answer for one engine start."""
 
@@ -53,6 +58,10 @@ class DriverResult(Strict):
     resolved_after: dict[str, dict[str, Any]] | None = None
     # CPU targets: the kernel library this process mapped, torch's dispatch level, the hold
     cpu_kernels: dict[str, Any] | None = None
+    # the kernels it compiled at run time and ran: "<cache variable>/<file>" -> sha256
+    compiled_kernels: dict[str, str] | None = None
+    # the interfaces the process saw and what it reached for beyond its own loopback
+    network: DriverNetwork | None = None
     error: str | None = None
     traceback: str | None = None
     seconds: float | None = None

@@ -27,6 +27,7 @@ from oracle_build.contracts.base import (
     TokenId,
     check_schema_number,
 )
+from oracle_build.contracts.engine_keys import engine_problems
 from oracle_build.contracts.spec import Classification, EngineValue, GateSpec
 from oracle_build.contracts.topk import TopKTable
 from oracle_build.core.env import spec_env_problems
@@ -98,6 +99,22 @@ class KernelVariantRecord(Strict):
     cpu_answers: dict[str, bool | None] | None = None
 
 
+class RuntimeCompilerRecord(Strict):
+    """The compiler the engine compiled its run-time kernels with (torch inductor's CXX), as
+    the tool chose and gave it (engine/compiler.py), and the kernels it compiled and ran."""
+
+    chosen_by: str
+    path: str  # what the engine was given as CXX
+    real_path: str
+    version: str | None  # --version's first line
+    # sha256 of the driver and of each program it runs (cc1plus, as, ld); None: none of its
+    # own (clang's integrated cc1)
+    tools: dict[str, Sha256 | None]
+    march: str | None  # TORCHINDUCTOR_CPP_MARCH; None: inductor's -march=native
+    # the shared libraries the engine mapped from its compile cache: "<cache>/<file>" -> sha256
+    kernels: dict[str, Sha256] | None = None
+
+
 class EngineRecord(Strict):
     requested: dict[str, EngineValue]
     resolved: dict[str, ReadValue | Unreadable]
@@ -106,6 +123,8 @@ class EngineRecord(Strict):
     # None: a golden captured before variants were held (its identity's cpu_variant says
     # which variant it ran, detected; it is held to that one)
     kernel_variant: KernelVariantRecord | None = None
+    # None: a golden captured before the run-time compiler was an input (issue 63)
+    compiler: RuntimeCompilerRecord | None = None
 
 
 class LegsRecord(Strict):
@@ -195,6 +214,9 @@ class RunRecord(Strict):
     tool: dict[str, Any]
     durations: dict[str, float]
     log: str | None = None
+    # how the engine's network was: "closed (<how>)" or "open (<why>)"; None: a golden from
+    # before it was closed (issue 63)
+    network: str | None = None
 
 
 class StatedOracle(Strict):
@@ -513,6 +535,10 @@ def recorded(golden: Golden, path: Path) -> Recorded:
     assert golden.spec is not None and golden.batch is not None
     assert golden.environment is not None and golden.logprobs is not None
     problems = spec_env_problems(golden.spec.get("env", {}), "spec.env")
+    # the engine arguments it re-runs with: the same allow-list as a spec on disk (a golden
+    # that records trust_remote_code or a class to import is refused, never run)
+    problems += engine_problems(golden.spec.get("engine", {}), "spec.engine")
+    problems += engine_problems(dict(golden.engine.requested), "engine.requested")
     if problems:  # verify runs the golden's spec: the same rules as a spec on disk
         raise BadInput(path, problems)
     return Recorded(golden, golden.oracle, golden.engine, golden.spec, golden.batch,

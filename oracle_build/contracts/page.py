@@ -51,6 +51,8 @@ class PageGolden(Strict):
     summary: str = ""
     band_nats: float | None = None
     logprobs_identical: bool | None = None
+    # tokens match and the numbers moved: the reports' one sentence (report/words.py)
+    numbers: str | None = None
     prompts: list[PagePrompt] = Field(default_factory=list)
 
 

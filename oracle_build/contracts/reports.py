@@ -72,6 +72,9 @@ class GoldenVerdict(Strict):
     # nothing was run), and where they first differ.
     logprobs_identical: bool | None = None
     logprobs_difference: dict[str, Any] | None = None
+    # how many of the golden's top-k logprobs differ ("cells"), of how many ("of"), and the
+    # largest difference in nats ("max_abs_delta"); None when nothing was compared
+    logprobs_moved: dict[str, Any] | None = None
 
 
 class VerifyReport(Strict):
@@ -79,6 +82,8 @@ class VerifyReport(Strict):
     created_utc: str
     exit_code: int
     goldens: list[GoldenVerdict]
+    # how the engines' network was: "closed (<how>)" or "open (<why>)"
+    network: str | None = None
 
 
 # ----------------------------------------------------------------------------- diff

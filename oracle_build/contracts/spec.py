@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from oracle_build.contracts.base import FULL_SHA, SafeName, Sha256, Strict, TokenId
+from oracle_build.contracts.engine_keys import engine_problems
 from oracle_build.core.env import spec_env_problems
 from oracle_build.core.files import load_toml, validate
 
@@ -103,6 +104,9 @@ class GateSpec(Strict):
     kind: Literal["strict", "near_tie", "distributional"] = "strict"
     band_nats: float = Field(default=0.5, ge=0.0, le=50.0)
     ratification: str | None = None
+    # the numbers too: every top-k logprob bit for bit, not only the tokens (a re-run whose
+    # tokens match but whose numbers moved is then drift, exit 1)
+    bit_exact: bool = False
 
 
 Classification = Literal["numerics", "context"]
@@ -149,6 +153,8 @@ class Spec(Strict):
                 raise ValueError(f"engine.{key}: the model comes from [model], not engine")
             if not re.fullmatch(r"[a-z_][a-z0-9_]*", key):
                 raise ValueError(f"engine key {key!r} is not an engine argument name")
+        for field, problem in engine_problems(self.engine, "engine")[:1]:
+            raise ValueError(f"@{field}: {problem}")
         return self
 
     def calls(self) -> list[list[int]]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from oracle_build.contracts.base import ExactVersion, Strict, check_env, relative_file
+from oracle_build.contracts.engine_keys import engine_problems
 
 
 class Torch(Strict):
@@ -47,6 +48,13 @@ class TargetBase(Strict):
     torch: Torch | None = None
 
     _env = field_validator("env", "build_env")(lambda v: check_env(v))
+
+    @field_validator("engine_defaults")
+    @classmethod
+    def _engine_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for field, problem in engine_problems(value, "engine_defaults")[:1]:
+            raise ValueError(f"{field}: {problem}")
+        return value
 
 
 # The CPU kernel variants a CPU target may hold its engines to (oracle_build/devices/cpu.py

@@ -319,6 +319,48 @@ def first_difference(ids: Sequence[str], a: TopKTable, b: TopKTable) -> dict[str
     return None
 
 
+def moved_cells(ids: Sequence[str], a: TopKTable, b: TopKTable) -> dict[str, Any]:
+    """How many of ``a``'s top-k logprobs (the golden's cells) ``b`` does not give bit for bit
+    (a token missing from ``b``'s row at that position, or another logprob), of how many, and
+    the largest difference among the tokens both rows hold (nats; None when none differ).
+    Rows cut alike by the caller; a position only ``a`` has counts all its cells."""
+    if a.prompts != b.prompts or a.prompts != len(ids):
+        raise ValueError(f"tables hold {a.prompts} and {b.prompts} prompts for {len(ids)} ids")
+    width = max(a.width, b.width)
+    moved = total = 0
+    worst: float | None = None
+    for i in range(len(ids)):
+        la, lb = int(a.lengths[i]), int(b.lengths[i])
+        common = min(la, lb)
+        sa, sb = int(a.offsets[i]), int(b.offsets[i])
+        ia, ib = _pad(a.ids[sa:sa + la], width, -1), _pad(b.ids[sb:sb + common], width, -1)
+        pa = _pad(a.logprobs[sa:sa + la].astype(np.float64), width, np.nan)
+        pb = _pad(b.logprobs[sb:sb + common].astype(np.float64), width, np.nan)
+        cells = ia >= 0
+        total += int(cells.sum())
+        moved += int(cells[common:].sum())  # positions the re-run did not reach
+        ia, pa, cells = ia[:common], pa[:common], cells[:common]
+        aligned = (ia == ib).all(axis=1)
+        same = np.where(aligned[:, None], (pa == pb) | ~cells, False)
+        moved += int((cells & ~same)[aligned].sum())
+        both = aligned[:, None] & cells & ~np.isnan(pb)
+        if both.any():
+            delta = float(np.abs(pa - pb)[both].max())
+            if delta > 0:
+                worst = max(worst or 0.0, delta)
+        for r in np.flatnonzero(~aligned):  # another order or set of tokens: by token id
+            known = {int(t): float(lp) for t, lp in zip(ib[r], pb[r], strict=True) if t >= 0}
+            for t, lp in zip(ia[r], pa[r], strict=True):
+                if t < 0:
+                    continue
+                other = known.get(int(t))
+                if other is None or other != lp:
+                    moved += 1
+                if other is not None and other != lp:
+                    worst = max(worst or 0.0, abs(other - float(lp)))
+    return {"cells": moved, "of": total, "max_abs_delta": worst}
+
+
 def _pad(arr: np.ndarray, width: int, value: float) -> np.ndarray:
     if arr.shape[1] == width:
         return arr

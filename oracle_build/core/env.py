@@ -113,10 +113,42 @@ def oracle_env(overlay: Mapping[str, str] | None = None) -> dict[str, str]:
             "configuration, set in the capture spec's [env], recorded in the golden and held "
             "to on verify; docs/build-and-identity.md#what-reaches-the-engine)")
         _told.update(rest)
-    env = {k: v for k, v in os.environ.items() if passed(k)}
+    env = {k: v for k, v in os.environ.items() if passed(k) and k not in MADE}
+    # made, never the caller's: inside a build the build's own (its probe's HOME is the
+    # build's); else the system's folders (a compiler the engine runs is given by its
+    # path: core/ never lets the caller's PATH choose one) and the HOME the caller of this
+    # function makes (the compile cache's, a neutral folder)
+    if _base is not None:
+        env.update({"PATH": _base.path, "HOME": _base.home, "TMPDIR": _base.tmpdir})
+    else:
+        env["PATH"] = os.pathsep.join(SYSTEM_PATH)
+        if os.environ.get("TMPDIR"):
+            env["TMPDIR"] = os.environ["TMPDIR"]
+        if "HOME" not in overlay:
+            env["HOME"] = oracle_home()
     env.update(ORACLE_RUN)
-    env.update(overlay)
+    env.update({k: v for k, v in overlay.items() if not (_base is not None and k in MADE)})
     return env
+
+
+# What an oracle process never takes from its caller: made (see oracle_env)
+MADE = ("PATH", "HOME", "TMPDIR")
+
+
+def oracle_home() -> str:
+    """The HOME of an oracle process no caller gave one (an identity probe, a generator): a
+    folder of this user's own in the temporary folder, empty of the caller's configuration
+    (~/.config/vllm, ~/.cache/huggingface). An engine's is its compile cache's."""
+    import tempfile
+
+    path = Path(tempfile.gettempdir()) / f"oracle-build-home-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    if path.is_symlink() or path.stat().st_uid != os.getuid():
+        from oracle_build.core.errors import PreflightFailed
+
+        raise PreflightFailed(f"{path} is not a folder of this user's own",
+                              hint=f"remove {path}")
+    return str(path)
 
 
 def as_shown(value: str) -> str:

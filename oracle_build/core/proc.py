@@ -173,6 +173,19 @@ def network_closure() -> tuple[str | None, str]:
     return _closure
 
 
+def oracle_network() -> tuple[str | None, str]:
+    """How a process of the oracle (identity probe, engine host, driver) has its network
+    closed: inside a build, as the build's commands are; else as this host allows. Returns
+    (the closure's key or None, the words every record and line uses: ``closed (<how>)`` or
+    ``open (<why>)``)."""
+    base = current_base()
+    how = base.network if base is not None else network_closure()[0]
+    if how is not None:
+        return how, f"closed ({CLOSURES[how]})"
+    why = network_closure()[1] if base is None else "the build's network is open"
+    return None, f"open ({why.replace('the build ran', 'it runs')})"
+
+
 def leftovers(folder: Path) -> list[int]:
     """Processes of this user still working in ``folder`` (their command line or working
     directory under it), other than this process's own group: what a build that died left
@@ -382,30 +395,35 @@ def run(
     what: str | None = None,
     timeout: float | None = None,
     hint: str | None = None,
+    closed: str | None = None,
 ) -> Result:
-    """Run ``argv``. Output goes to ``log`` (appended) and, with capture, is returned."""
+    """Run ``argv``. Output goes to ``log`` (appended) and, with capture, is returned.
+    ``closed``: its network closed that way (a ``CLOSURES`` key)."""
     live = Live(argv, log=log, env=env, cwd=cwd, capture=capture, echo=echo, what=what,
-                hint=hint)
+                hint=hint, closed=closed)
     return live.finish(timeout=timeout, check=check)
 
 
 def query(argv: Sequence[str | os.PathLike[str]], *, env: Mapping[str, str] | None = None,
-          cwd: Path | None = None, timeout: float = 60) -> Result:
+          cwd: Path | None = None, timeout: float = 60, closed: str | None = None) -> Result:
     """A short read-only question to a tool (its version, a listing): output captured, not
     echoed, never raising. A tool that is absent, fails or hangs answers with a non-zero
-    return code (127 absent, 124 timed out) and its output."""
+    return code (127 absent, 124 timed out) and its output. ``closed``: its network closed
+    that way (a ``CLOSURES`` key)."""
     args = [os.fspath(a) for a in argv]
     start = time.monotonic()
     try:
         done = subprocess.run(args, capture_output=True, text=True, errors="replace",
                               stdin=subprocess.DEVNULL, env=dict(env) if env is not None
-                              else None, cwd=cwd, timeout=timeout, check=False)
+                              else None, cwd=cwd, timeout=timeout, check=False,
+                              preexec_fn=(functools.partial(_unshare_network, closed)
+                                          if closed else None))
     except FileNotFoundError:
         return Result(args, 127, "", time.monotonic() - start)
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout if isinstance(exc.stdout, str) else ""
         return Result(args, 124, out, time.monotonic() - start)
-    except OSError as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
         return Result(args, 126, str(exc), time.monotonic() - start)
     return Result(args, done.returncode, done.stdout + done.stderr, time.monotonic() - start)
 

@@ -88,6 +88,10 @@ class Hold:
     inside: str | None = None
     library: str | None = None
     torch_capability: str | None = None
+    # the -march the engine's run-time compiler is given (torch inductor's
+    # TORCHINDUCTOR_CPP_MARCH) under this variant: its instruction set, not the host's
+    # (``-march=native``); None: inductor's own default
+    march: str | None = None
 
 
 NO_HOLD = Hold(requested=None, variant=None)

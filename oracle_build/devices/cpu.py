@@ -41,6 +41,10 @@ class Variant:
     torch_capability: str  # torch.backends.cpu.get_cpu_capability() under it
     env: dict[str, str]
     predicates: dict[str, bool] = field(default_factory=dict)
+    # the -march of the kernels torch inductor compiles at run time under it: the x86-64
+    # micro-architecture level whose instructions the variant has (v3: AVX2, FMA, F16C;
+    # v4: AVX-512 F/BW/CD/DQ/VL); inductor adds its own ISA flags for its vector code
+    march: str = "x86-64-v3"
 
 
 _AVX2 = ("avx2", "fma", "f16c")
@@ -59,19 +63,19 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("x86_64-avx512", _AVX512, "_C_AVX512", "AVX512",
             {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
              **_MKL},
-            {**_OFF, "_is_avx2_supported": True, "_is_avx512_supported": True}),
+            {**_OFF, "_is_avx2_supported": True, "_is_avx512_supported": True}, "x86-64-v4"),
     Variant("x86_64-avx512_bf16", (*_AVX512, "avx512_bf16", "avx512_vnni"), "_C", "AVX512",
             {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
              **_MKL},
             {**_OFF, "_is_avx2_supported": True, "_is_avx512_supported": True,
-             "_is_avx512_bf16_supported": True, "_is_vnni_supported": True}),
+             "_is_avx512_bf16_supported": True, "_is_vnni_supported": True}, "x86-64-v4"),
     Variant("x86_64-avx512_bf16-amx",
             (*_AVX512, "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"), "_C", "AVX512",
             {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX",
              **_MKL},
             {**_OFF, "_is_avx2_supported": True, "_is_avx512_supported": True,
              "_is_avx512_bf16_supported": True, "_is_vnni_supported": True,
-             "_is_amx_tile_supported": True}),
+             "_is_amx_tile_supported": True}, "x86-64-v4"),
 )}
 # aarch64's CPU build has one kernel library: its variant is the machine's name, and holding
 # it changes nothing.
@@ -123,7 +127,7 @@ def hold(target: Target, asked: str | None, flags: frozenset[str],
     assert set(v.env) <= set(CPU_NUMERICS)
     return Hold(requested=name, variant=name, env={**v.env, HOLD_VARIABLE: inside},
                 inside=inside,
-                library=v.library, torch_capability=v.torch_capability)
+                library=v.library, torch_capability=v.torch_capability, march=v.march)
 
 
 def variant_mismatches(held: Hold, kernels: dict[str, Any]) -> list[Mismatch]:

@@ -53,8 +53,12 @@ class CompileCache:
     root: Path
 
     @classmethod
-    def of(cls, home: Path, pin_key: str) -> CompileCache:
-        return cls(layout.compile_cache(home, pin_key))
+    def of(cls, home: Path, pin_key: str, compiler: str | None = None) -> CompileCache:
+        """The pin's compile cache; ``compiler``: the run-time compiler's fingerprint
+        (engine/compiler.py), whose own folder it is: kernels another compiler built are
+        never reused."""
+        root = layout.compile_cache(home, pin_key)
+        return cls(root / f"cxx-{compiler[:16]}" if compiler else root)
 
     @property
     def lock(self) -> Path:
@@ -66,8 +70,12 @@ class CompileCache:
         return self.root.parent / f"{self.root.name}.running.json"
 
     def env(self) -> dict[str, str]:
-        """For a driver: it sets ``variables()`` itself, after recording the environment."""
-        return {INSIDE_VARIABLE: str(self.root)}
+        """For a driver: it sets ``variables()`` itself, after recording the environment.
+        Its HOME is the cache's own (made: nothing of the caller's ~/.config or ~/.cache
+        reaches the engine)."""
+        home = self.root / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        return {INSIDE_VARIABLE: str(self.root), "HOME": str(home)}
 
     def variables(self) -> dict[str, str]:
         """The caches' own variables, for a process that is not the driver (a benchmark's
@@ -132,6 +140,7 @@ class CompileCache:
                 shutil.rmtree(self.root)
             self.journal.unlink()
             self.variables()  # the folders again, empty
+            (self.root / "home").mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise OutputFailed(f"cannot discard the compile cache {as_data(str(self.root))}: "
                                f"{exc.strerror or exc}",

@@ -110,7 +110,8 @@ def serve(venv: OracleVenv, probe_args: Sequence[str], *, env: Mapping[str, str]
         live = proc.Live([str(venv.python), *RUN_FLAGS, str(INSIDE / "driver.py"), "--serve",
                           str(facts), *probe_args],
                          env=envmod.oracle_env(env), cwd=Path(folder.name), log=log,
-                         what="vLLM engine host", stdin=True)
+                         what="vLLM engine host", stdin=True,
+                         closed=proc.oracle_network()[0])
     except BaseException:
         folder.cleanup()
         raise

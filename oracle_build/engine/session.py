@@ -20,18 +20,20 @@ from oracle_build.contracts.golden import (
 )
 from oracle_build.contracts.targets import Target
 from oracle_build.contracts.topk import TopKTable
-from oracle_build.core import layout
+from oracle_build.core import layout, proc
 from oracle_build.core.env import CPU_NUMERICS, RECORDED_PREFIXES
 from oracle_build.core.errors import (
     BadInput,
     EngineFailed,
     IdentityMismatch,
     PreflightFailed,
+    as_data,
 )
 from oracle_build.core.filelock import held
 from oracle_build.core.files import validate
 from oracle_build.core.log import say
-from oracle_build.engine.caches import CompileCache
+from oracle_build.engine.compiler import SET as COMPILER_SET
+from oracle_build.engine.compiler import RuntimeCompiler
 from oracle_build.oracle.opening import Oracle, engine_env
 
 BACKEND_LOG = re.compile(r"Using (?:the )?([A-Za-z0-9_]+) (?:attention )?backend", re.I)
@@ -47,6 +49,7 @@ class EngineResult:
     args: dict[str, Any]
     log: Path
     variant: KernelVariantRecord | None = None
+    compiler: RuntimeCompiler | None = None
 
     @property
     def ok(self) -> bool:
@@ -56,11 +59,23 @@ class EngineResult:
     def error(self) -> str:
         return str(self.result.error)
 
+    @property
+    def reached_for(self) -> list[str]:
+        """What the engine's process tried to reach beyond its own loopback."""
+        return list(self.result.network.reached_for) if self.result.network else []
+
     def require(self) -> EngineResult:
         if not self.ok:
-            raise EngineFailed(f"{self.result.error}\n  log: {self.log}\n"
+            reached = self.reached_for
+            wanted = (f"\n  it reached for the network, which an oracle's engine runs without "
+                      f"({proc.oracle_network()[1]}): {as_data('; '.join(reached), 600)}"
+                      if reached else "")
+            raise EngineFailed(f"{self.result.error}{wanted}\n  log: {self.log}\n"
                                + "\n".join("    | " + ln for ln in
-                                           str(self.result.traceback or "").splitlines()[-8:]))
+                                           str(self.result.traceback or "").splitlines()[-8:]),
+                               hint="nothing an engine computes with comes from the network: "
+                               "put what it wanted (a model, a tokenizer) on local disk and name "
+                               "it in the spec" if reached else None)
         return self
 
     @property
@@ -74,9 +89,10 @@ class EngineResult:
 
     @property
     def environment(self) -> dict[str, str]:
-        """The recorded variables the engine saw, less those its kernel variant sets (the
-        variant's record holds them)."""
-        return {k: v for k, v in self.result.env.items() if k not in CPU_NUMERICS}
+        """The recorded variables the engine saw, less those its kernel variant and its
+        run-time compiler set (their records hold them)."""
+        return {k: v for k, v in self.result.env.items()
+                if k not in CPU_NUMERICS and k not in COMPILER_SET}
 
     @property
     def environment_set_by_engine(self) -> dict[str, str]:
@@ -103,7 +119,9 @@ class EngineResult:
                                               log=log_names if kind == "attention" else None)
         return EngineRecord(requested=self.args, resolved=resolved, backends=backends,
                             start_seconds=result.engine_start_seconds,
-                            kernel_variant=self.variant)
+                            kernel_variant=self.variant,
+                            compiler=self.compiler.record(result.compiled_kernels)
+                            if self.compiler is not None else None)
 
 
 @dataclass(frozen=True)
@@ -135,7 +153,7 @@ class EngineSession:
         # (GB10's unified memory included). Another capture/verify/explain waits here.
         # Engines sharing a compile cache also run one at a time: one whose journal is left
         # over did not finish, and the cache it wrote into is discarded first.
-        caches = CompileCache.of(self.home, self.oracle.pin.key)
+        caches = self.oracle.compile_cache(self.home)
         with held(layout.engine_lock(self.home), what="a vLLM engine"), \
                 caches.in_use(f"{what} {name}") as use:
             engine_host = self.oracle.take_host()
@@ -148,7 +166,8 @@ class EngineSession:
                 log.parent.mkdir(parents=True, exist_ok=True)
                 answer = self.oracle.venv.run_inside(
                     "driver.py", [], request=request,
-                    env=engine_env(target, self.oracle.hold, caches, self.oracle.spec_env),
+                    env=engine_env(target, self.oracle.hold, caches, self.oracle.spec_env,
+                                   self.oracle.compiler),
                     log=log,
                     what="vLLM engine")
             use.clean = answer.data is not None and answer.data.get("ok") is True
@@ -164,7 +183,11 @@ class EngineSession:
         attach_topk(raw, answer.arrays, log)
         raw["log_backends"] = sorted(set(BACKEND_LOG.findall(log.read_text(errors="replace"))))
         variant = self.kernel_variant(result, log) if by_variant and result.ok else None
-        return EngineResult(result, raw, self.args, log, variant)
+        engine = EngineResult(result, raw, self.args, log, variant, self.oracle.compiler)
+        if result.ok and engine.reached_for:
+            say("note: the engine reached for the network (closed to it) and went on without "
+                f"it: {as_data('; '.join(engine.reached_for), 600)}")
+        return engine
 
     def kernel_variant(self, result: DriverResult, log: Path) -> KernelVariantRecord:
         """The variant the engine's process ran, read from it, against the one asked for:

@@ -316,8 +316,89 @@ def use_compile_caches():
             os.environ[name] = _SET_HERE[name] = path
 
 
+# What the process reached for on the network (the harness closes it: a network namespace
+# with only loopback): every name looked up and every address connected to that is not this
+# host's own, from Python's audit events, so that a run that fails for want of the network
+# says what it wanted.
+REACHED = []
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "")
+
+
+def _loopback(host):
+    if host is None:
+        return True
+    host = host.decode(errors="replace") if isinstance(host, bytes) else str(host)
+    return host in LOOPBACK_NAMES or host.startswith("127.") or host in ("::1", "0.0.0.0", "::")
+
+
+def _audit(event, args):
+    if len(REACHED) >= 20:
+        return
+    try:
+        if event == "socket.getaddrinfo" and not _loopback(args[0]):
+            REACHED.append("%s:%s (name lookup)" % (args[0], args[1]))
+        elif event == "socket.connect":
+            address = args[1]
+            if isinstance(address, tuple) and address and not _loopback(address[0]):
+                REACHED.append("%s:%s (connect)" % (address[0], address[1]))
+    except Exception:  # noqa: S110 - an audit hook never breaks the engine
+        pass
+
+
+def watch_network():
+    if not getattr(watch_network, "on", False):
+        sys.addaudithook(_audit)
+        watch_network.on = True
+
+
+def network_facts():
+    """The interfaces this process sees (a closed run: only ``lo``) and what it reached for."""
+    import socket
+
+    try:
+        interfaces = sorted(name for _i, name in socket.if_nameindex())
+    except OSError as exc:
+        interfaces = ["<unreadable: %s>" % exc]
+    return {"interfaces": interfaces, "reached_for": list(REACHED)}
+
+
+def compiled_kernels():
+    """The kernels this engine ran that it compiled at run time: every shared library mapped
+    into this process from the compile caches the harness gave it (inductor's kernels, its
+    precompiled code), by name and sha256."""
+    import hashlib
+
+    roots = [os.path.realpath(v) + "/" for k, v in _SET_HERE.items()]
+    if not roots:
+        return None
+    seen = {}
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                parts = line.split(None, 5)
+                if len(parts) < 6:
+                    continue
+                path = parts[5].strip()
+                real = os.path.realpath(path)
+                if path.endswith(" (deleted)") or not any(real.startswith(r) for r in roots):
+                    continue
+                if real in seen or not os.path.isfile(real):
+                    continue
+                with open(real, "rb") as so:
+                    seen[real] = hashlib.sha256(so.read()).hexdigest()
+    except OSError as exc:
+        return {"<unreadable>": str(exc)}
+    out = {}
+    for real, digest in seen.items():
+        root = next(r for r in roots if real.startswith(r))
+        name = [k for k, v in _SET_HERE.items() if os.path.realpath(v) + "/" == root][0]
+        out["%s/%s" % (name, real[len(root):])] = digest
+    return dict(sorted(out.items()))
+
+
 def serve(argv):
     """Probe, then wait for the harness: ``run REQ OUT`` or ``exit``."""
+    watch_network()
     env_before = dict(os.environ)
     env_before.pop(COMPILE_CACHE_VARIABLE, None)
     use_compile_caches()
@@ -343,6 +424,7 @@ def main(argv, env_before=None):
     before = env_before if env_before is not None else os.environ
     result["env"] = {k: v for k, v in sorted(before.items()) if k.startswith(prefixes)}
     use_compile_caches()
+    watch_network()
     try:
         probe = probe_module()
         probe.hold_kernel_variant()  # before vLLM imports its kernels (when held)
@@ -394,10 +476,12 @@ def main(argv, env_before=None):
             result["pieces"] = token_pieces(llm.get_tokenizer(), wanted)
         # num_gpu_blocks is set once the KV cache is sized: read it again after the runs.
         result["resolved_after"] = resolved_config(vllm_config)
+        result["compiled_kernels"] = compiled_kernels()
         result["ok"] = True
     except BaseException as exc:
         result["error"] = "%s: %s" % (type(exc).__name__, exc)
         result["traceback"] = traceback.format_exc(limit=20)
+    result["network"] = network_facts()
     result["seconds"] = round(time.monotonic() - t0, 3)
     tmp = out_path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:

@@ -31,7 +31,7 @@ from oracle_build.contracts.pins import (
 from oracle_build.contracts.probe import ProbeFacts
 from oracle_build.contracts.record import CompiledFacts, load_record
 from oracle_build.contracts.targets import Target
-from oracle_build.core import layout, verdicts
+from oracle_build.core import layout, proc, verdicts
 from oracle_build.core.env import RECORDED_PREFIXES
 from oracle_build.core.errors import BadInput, BuildFailed, IdentityMismatch, as_data
 from oracle_build.core.files import json_value, sha256_file, validate
@@ -59,6 +59,11 @@ class Identity:
     skipped: tuple[str, ...] = ()
     # the build's network as its record says ("closed (<how>) ..."; None: not recorded)
     build_network: str | None = None
+    # how its own processes (this probe, the engine host) ran: ``closed (<how>)`` or
+    # ``open (<why>)``
+    run_network: str | None = None
+    # the compiler its engines compile run-time kernels with (engine/compiler.py's line)
+    runtime_compiler: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -86,6 +91,7 @@ class Identity:
             "compiled": self.compiled,
             "device_checks_skipped": list(self.skipped),
             "build_network": self.build_network,
+            "run_network": self.run_network,
             "mismatches": [{"field": f, "expected": e, "found": g} for f, e, g in self.mismatches],
         }
 
@@ -126,6 +132,10 @@ class Identity:
             lines.append(f"compiled {as_data(self.compiled)}")
         if self.build_network:
             lines.append(f"built with the network {as_data(self.build_network)}")
+        if self.run_network:
+            lines.append(f"runs with the network {as_data(self.run_network)}")
+        if self.runtime_compiler:
+            lines.append(self.runtime_compiler)  # escaped where it was made
         lines.append(verdicts.identity(self.ok, self.skipped))
         if not self.ok:
             lines += [f"  {as_data(f)}: expected {as_data(str(e))}, found {as_data(str(g))}"
@@ -309,7 +319,8 @@ def check(pin: Pin, target: Target, venv: Path, *, log: Path | None = None,
     else:
         facts["machine"] = platform.machine()
     probe_answer(facts, venv)
-    ident = Identity(venv=venv, facts=facts, device=target.device)
+    ident = Identity(venv=venv, facts=facts, device=target.device,
+                     run_network=proc.oracle_network()[1])
     ident.mismatches = compare(pin, target, venv, facts, hold, no_gpu=no_gpu)
     if no_gpu:
         ident.skipped = devices.module(target).DEVICE_CHECKS
@@ -546,7 +557,8 @@ def relocated(pin: Pin, target: Target, ident: Identity, old: Path, new: Path) -
     result = Identity(venv=new, facts=moved, device=ident.device,
                       compiled_sm=ident.compiled_sm, patches=list(ident.patches),
                       compiled=ident.compiled, skipped=ident.skipped,
-                      build_network=ident.build_network)
+                      build_network=ident.build_network, run_network=ident.run_network,
+                      runtime_compiler=ident.runtime_compiler)
     result.mismatches = compare(pin, target, new, moved, no_gpu=bool(ident.skipped))
     if prefix != os.path.realpath(new):
         result.mismatches.append(("sys.prefix (after the move)", os.path.realpath(new),

@@ -19,7 +19,9 @@ from oracle_build.core.errors import (
 )
 from oracle_build.core.files import sha256_file
 from oracle_build.core.log import say
+from oracle_build.engine import compiler as runtime
 from oracle_build.engine.caches import CompileCache
+from oracle_build.engine.compiler import RuntimeCompiler
 from oracle_build.engine.host import EngineHost, serve
 from oracle_build.oracle import identity, inventory
 from oracle_build.oracle.venv import OracleVenv
@@ -40,19 +42,27 @@ class Oracle:
     hold: devices.Hold = devices.NO_HOLD
     # a capture spec's [env]: what its engines' environment holds beyond the tool's
     spec_env: dict[str, str] = field(default_factory=dict)
+    # the compiler its engines compile their run-time kernels with (engine/compiler.py)
+    compiler: RuntimeCompiler | None = field(default=None, compare=False)
+
+    def compile_cache(self, home: Path) -> CompileCache:
+        """Its engines' compile cache: the pin's, this run-time compiler's folder of it."""
+        return CompileCache.of(home, self.pin.key,
+                               self.compiler.fingerprint if self.compiler else None)
 
     def take_host(self) -> EngineHost | None:
         return self.hosts.pop() if self.hosts else None
 
 
 def engine_env(target: Target, hold: devices.Hold, caches: CompileCache,
-               spec_env: Mapping[str, str] | None = None) -> dict[str, str]:
+               spec_env: Mapping[str, str] | None = None,
+               compiler: RuntimeCompiler | None = None) -> dict[str, str]:
     """What the tool sets for every engine of this target (in-process engine core), held to
-    ``hold``'s kernel variant, compiling into ``caches``, with a capture spec's [env]
-    (checked when the spec was read: it cannot set what follows it here); core.env's
-    oracle_env adds the few variables of the caller's that pass."""
+    ``hold``'s kernel variant, compiling into ``caches`` with ``compiler``, with a capture
+    spec's [env] (checked when the spec was read: it cannot set what follows it here);
+    core.env's oracle_env adds the few variables of the caller's that pass."""
     return {**target.env, **(spec_env or {}), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-            **hold.env, **caches.env()}
+            **hold.env, **(compiler.env() if compiler else {}), **caches.env()}
 
 
 def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
@@ -76,12 +86,14 @@ def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
     hold = host.hold(target, variant)
     say(f"checking oracle identity: {venv.path}"
         + (f" (CPU kernel variant {hold.variant}, held)" if hold.inside else ""))
+    compiler = runtime.choose(target, hold)
     hosts: list[EngineHost] = []
     if engine_log is not None:
-        caches = CompileCache.of(home, pin.key)
+        caches = CompileCache.of(home, pin.key, compiler.fingerprint)
         caches.recover_before_start()
         engine_host = serve(venv, identity.probe_args(target),
-                            env=engine_env(target, hold, caches, spec_env), log=engine_log)
+                            env=engine_env(target, hold, caches, spec_env, compiler),
+                            log=engine_log)
         # every file hashed (not only those whose size or mtime moved: both can be put back)
         # while the host imports vLLM; no engine starts before the hashes agree
         try:
@@ -104,8 +116,10 @@ def open_oracle(pin: Pin, target_name: str, home: Path, *, require: bool = True,
                                hint="`build_oracle -- --rebuild` replaces a drifted oracle")
     digest = sha256_file(venv.record_path) if venv.has_record() else ""
     anchor = inventory.read_anchor(venv.path) or {}
+    ident.runtime_compiler = compiler.line()
     return Oracle(pin, target_name, target, venv, ident, digest,
-                  anchor.get("content_fingerprint"), hosts, hold, dict(spec_env or {}))
+                  anchor.get("content_fingerprint"), hosts, hold, dict(spec_env or {}),
+                  compiler)
 
 
 def deep_files(venv: Path) -> inventory.Check | None:

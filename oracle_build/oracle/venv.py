@@ -91,7 +91,7 @@ class OracleVenv:
             argv += [str(out), *args]
             result = proc.run(argv, env=envmod.oracle_env(env), cwd=Path(neutral), log=log,
                               capture=log is None, check=False, echo=echo, what=what,
-                              timeout=timeout)
+                              timeout=timeout, closed=proc.oracle_network()[0])
             data = json_value(out.read_text()) if out.exists() else None
             arrays = arrays_beside(Path(neutral), data)
         return Answer(data, result, arrays)
@@ -103,7 +103,8 @@ class OracleVenv:
                 "print(json.dumps([os.path.realpath(sys.prefix), "
                 "s and os.path.realpath(s.origin)]))")
         out = proc.query([str(self.python), *RUN_FLAGS, "-c", code], env=envmod.oracle_env(),
-                         cwd=Path(tempfile.gettempdir()), timeout=120)
+                         cwd=Path(tempfile.gettempdir()), timeout=120,
+                         closed=proc.oracle_network()[0])
         try:
             prefix, origin = json_value(out.output)
         except (ValueError, TypeError):

@@ -15,7 +15,7 @@ from oracle_build.core.errors import OutputFailed, as_data, defused_lines
 from oracle_build.core.files import atomic_write_bytes
 from oracle_build.core.log import say
 from oracle_build.report.values import code, fmt, margin, md, nats
-from oracle_build.report.words import gate_result, verdict_words
+from oracle_build.report.words import gate_result, numbers_words, verdict_words
 
 
 def junit_xml(report: VerifyReport) -> bytes:
@@ -92,6 +92,12 @@ def _case(suite: ET.Element, v: GoldenVerdict, prompt: str, row: TokenRow | None
         else:
             node = ET.SubElement(case, "system-out")
         node.text = message
+    elif (moved := numbers_words(v)) is not None:  # tokens match, the numbers moved
+        if v.status == "drift":  # a bit-exact gate
+            ET.SubElement(case, "failure", type="numbers_moved", message=moved[:500])
+            counts["failures"] += 1
+        else:
+            ET.SubElement(case, "system-out").text = moved
 
 
 def _prompt_ids(path: str) -> list[str]:
@@ -145,6 +151,10 @@ def summary_md(report: VerifyReport) -> str:
             lines.append("")
             lines.append(md(v.summary))
             lines.append("")
+            moved = numbers_words(v)
+            if moved:
+                lines.append(f"**numbers:** {md(moved)}")
+                lines.append("")
         if v.gate:
             lines.append(f"**gate:** {v.gate.kind} ({md(v.gate.reason)}): "
                          + gate_result(v.gate.passed))

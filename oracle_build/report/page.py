@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from oracle_build.contracts.golden import load_golden
 from oracle_build.contracts.page import PAGE_SCHEMA, Page, PageGolden, PagePrompt
 from oracle_build.contracts.reports import DiffReport, DiffVerdict, TokenRow, VerifyReport
-from oracle_build.report.words import Tone, verdict_words
+from oracle_build.report.words import Tone, numbers_words, verdict_words
 
 if TYPE_CHECKING:
     from oracle_build.contracts.golden import Golden
@@ -119,7 +119,8 @@ def verify_page(report: VerifyReport, data: PageData) -> Page:
             tones=words.column_tones(),
             why=v.why, identity=v.identity, configuration=v.configuration, context=v.context,
             summary=v.summary, band_nats=_band(v.path, prompts),
-            logprobs_identical=v.logprobs_identical, prompts=prompts))
+            logprobs_identical=v.logprobs_identical, numbers=numbers_words(v),
+            prompts=prompts))
     return Page(page_schema=PAGE_SCHEMA, kind="verify", title="oracle-build verify",
                 created_utc=report.created_utc, oracle=data.oracle or {"host": _host_label()},
                 reference_label="golden", candidate_label="this run",

@@ -9,7 +9,7 @@ from pathlib import Path
 from oracle_build.contracts.reports import NOT_COMPARED, DiffReport, TokenRow, VerifyReport
 from oracle_build.core import verdicts
 from oracle_build.report.values import fmt, margin, nats, text
-from oracle_build.report.words import gate_result, verdict_words
+from oracle_build.report.words import gate_result, numbers_words, verdict_words
 
 
 def token_table(rows: list[TokenRow]) -> list[str]:
@@ -32,7 +32,7 @@ def token_table(rows: list[TokenRow]) -> list[str]:
 def render(report: VerifyReport) -> str:
     """verify's report: per golden its words column by column, each difference, the
     token table, the gate, and its verdict line; then the closing line."""
-    lines = []
+    lines = [f"engines ran with the network {text(report.network)}"] if report.network else []
     for v in report.goldens:
         w = verdict_words(v)
         lines.append(f"== {text(v.name)}  ({text(v.path)})")
@@ -58,6 +58,9 @@ def render(report: VerifyReport) -> str:
             lines.append("  tokens:" + (f"  [{w.tokens_note}]" if w.tokens_note else ""))
             lines += token_table(v.tokens)
             lines.append(f"  {v.summary}")
+            moved = numbers_words(v)
+            if moved:
+                lines.append(f"  {moved}")
         if v.gate:
             lines.append(f"  gate: {v.gate.kind} ({text(v.gate.reason)}): "
                          + gate_result(v.gate.passed))

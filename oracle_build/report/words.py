@@ -78,6 +78,23 @@ def verdict_words(v: GoldenVerdict) -> Words:
                  gate_words(v.gate) if v.gate else None, note, tones)
 
 
+def numbers_words(v: GoldenVerdict) -> str | None:
+    """When every token matched but top-k logprobs moved: how many, of how many, and the
+    largest difference, in one sentence every report shows on its own line (None: nothing to
+    say, the numbers are the golden's or were not compared)."""
+    moved = v.logprobs_moved
+    if not moved or not moved.get("cells") or not v.tokens:
+        return None
+    if not all(t.tokens_equal for t in v.tokens):
+        return None
+    worst = moved.get("max_abs_delta")
+    largest = f", max {worst:.1e} nats" if isinstance(worst, float) else ""
+    return (f"tokens match; numbers moved: {moved['cells']:,} of {moved['of']:,} top-k "
+            f"logprobs differ{largest}: not the golden's oracle and configuration"
+            + (" (its gate is bit-exact: FAIL)" if v.gate is not None and v.status == "drift"
+               else ""))
+
+
 def tokens_tone(v: GoldenVerdict) -> Tone:
     """ok: every prompt token-identical; warn: divergences at (near-)ties only, or none
     compared; bad: a real divergence."""

@@ -33,7 +33,7 @@ from oracle_build.contracts.golden import (
 )
 from oracle_build.contracts.pins import Pin, load_pin
 from oracle_build.contracts.spec import Spec, load_spec, spec_file
-from oracle_build.core import layout, verdicts
+from oracle_build.core import layout, proc, verdicts
 from oracle_build.core.errors import BadInput, EngineFailed, OutputFailed, Refused, as_data
 from oracle_build.core.filelock import held
 from oracle_build.core.files import (
@@ -155,8 +155,11 @@ def golden_from(job: Job, result: EngineResult, run: dict[str, Any],
         gate=gate,
         classification=spec.classification,
         prompts=prompts,
-        run=RunRecord(host=host.facts(), created_utc=layout.utc_now(), command=list(sys.argv),
-                      tool=host.tool_facts(), durations=durations, log=str(result.log)),
+        # the host's `cc --version` is not the engine's compiler: engine.compiler names that
+        run=RunRecord(host={k: v for k, v in host.facts().items() if k != "compiler"},
+                      created_utc=layout.utc_now(), command=list(sys.argv),
+                      tool=host.tool_facts(), durations=durations, log=str(result.log),
+                      network=proc.oracle_network()[1]),
     )
 
 

@@ -35,7 +35,7 @@ from oracle_build.contracts.reports import (
     Status,
     VerifyReport,
 )
-from oracle_build.core import layout
+from oracle_build.core import layout, proc
 from oracle_build.core.errors import (
     EXIT_CONFIG_DIFF,
     EXIT_DRIFT,
@@ -156,12 +156,21 @@ def verdict(item: Item, result: EngineResult, run: dict[str, Any]) -> GoldenVerd
            "calls": [[g.prompts[i].id for i in call]
                      for call in run_from_golden(item.rec)["calls"]]}
     numerics, context = judge.config_diffs(item.rec, new)
+    network = g.run.network if g.run is not None else None
+    if network is not None and network != proc.oracle_network()[1]:
+        # captured open and verified closed (or the other way): context, never failing
+        context.append(FieldDiff(field="run.network", golden=network,
+                                 current=proc.oracle_network()[1], cls="context"))
     band = g.gate.band_nats
     results = token_results(g, run["legs"][0], band)
     difference = judge.first_topk_difference(
         [p.id for p in g.prompts], g.topk_table(), run["leg_tables"][0], item.rec.logprobs)
+    moved = judge.numbers_moved([p.id for p in g.prompts], g.topk_table(),
+                                run["leg_tables"][0], item.rec.logprobs)
     summary = judge.summarize(results)
     passed = judge.gate_passes(g.gate.kind, results)
+    if g.gate.bit_exact and moved is not None and moved["cells"]:
+        passed = False  # the golden's gate holds its numbers too, bit for bit
     gate = GateVerdict(kind=g.gate.kind, admissible=True, reason=item.gate_reason,
                        passed=passed if not numerics else None)
     status: Status = "pass"
@@ -176,19 +185,22 @@ def verdict(item: Item, result: EngineResult, run: dict[str, Any]) -> GoldenVerd
             identity=item.oracle_differs, configuration=numerics, context=context,
             adjudicable=False, tokens=[r.as_dict() for r in results],
             summary=summary.line(g.gate.kind), gate=gate,
-            logprobs_identical=difference is None, logprobs_difference=difference)
+            logprobs_identical=difference is None, logprobs_difference=difference,
+            logprobs_moved=moved)
     if numerics:
         status, why = "config_difference", ("the re-run's configuration differs from the "
                                             "golden's: tokens are not adjudicable")
     elif not passed:
-        status, why = "drift", "tokens differ from the golden"
+        tokens_ok = judge.gate_passes(g.gate.kind, results)
+        status, why = "drift", ("tokens match, but the numbers moved and the golden's gate "
+                                "is bit-exact" if tokens_ok else "tokens differ from the golden")
     return GoldenVerdict(name=g.name, path=str(item.path), status=status, why=why,
                          configuration=numerics, context=context,
                          adjudicable=not numerics,
                          tokens=[r.as_dict() for r in results],
                          summary=summary.line(g.gate.kind), gate=gate,
                          logprobs_identical=difference is None,
-                         logprobs_difference=difference)
+                         logprobs_difference=difference, logprobs_moved=moved)
 
 
 def discover(paths: list[Path]) -> list[Path]:
@@ -232,7 +244,8 @@ def verify(paths: list[Path], *, home: Path, oracles: Oracles | None = None,
         run_groups(to_run, home, page)
     verdicts = [i.verdict for i in items if i.verdict is not None] + verdicts
     return VerifyReport(report_schema=VERIFY_REPORT_SCHEMA, created_utc=utc_now(),
-                        exit_code=exit_code(verdicts), goldens=verdicts)
+                        exit_code=exit_code(verdicts), goldens=verdicts,
+                        network=proc.oracle_network()[1] if items else None)
 
 
 def admit(path: Path, *, home: Path, pin_override: Pin | None, cross_target: bool,
