@@ -13,6 +13,7 @@ not nox's blanket 1.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import shutil
@@ -239,10 +240,16 @@ def cuda_kernels(session: nox.Session) -> None:
 # own registry on 127.0.0.1 (never the packaged service), the browser the HTML report's
 # tests open the page in, and the compiler cache the source builds compile through.
 SYSTEM_PROGRAMS = {"docker-registry": "docker-registry", "htpasswd": "apache2-utils",
-                   "chromium": "chromium", "ccache": "ccache"}
+                   "chromium": "chromium", "ccache": "ccache",
+                   # a second real C++ compiler: the engine's run-time kernels compiled by
+                   # another compiler than the golden's (tests/test_run_closed.py)
+                   "clang++": "clang"}
 # ... and the system files: vLLM's CPU extension links libnuma (the source pin's configure
 # test gets past the build's preflight only with its header)
-SYSTEM_FILES = {"/usr/include/numa.h": "libnuma-dev"}
+SYSTEM_FILES = {"/usr/include/numa.h": "libnuma-dev",
+                # clang's OpenMP runtime, which torch inductor's kernels link (a glob: its
+                # folder names the LLVM version, 14 on Debian 12, 19 on Debian 13)
+                "/usr/lib/llvm-*/lib/libomp.so": "libomp-dev"}
 # Debian's way to keep a package's postinst from starting its service (invoke-rc.d asks it)
 POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
 
@@ -251,7 +258,8 @@ def missing_programs(which: Callable[[str], str | None] = shutil.which) -> dict[
     """The suite's system programs not on PATH (and system files not there): program or
     file -> the package that installs it."""
     return {**{prog: pkg for prog, pkg in SYSTEM_PROGRAMS.items() if which(prog) is None},
-            **{f: pkg for f, pkg in SYSTEM_FILES.items() if not Path(f).is_file()}}
+            **{f: pkg for f, pkg in SYSTEM_FILES.items()
+               if not any(Path(m).is_file() for m in glob.glob(f))}}
 
 
 def _as_root() -> list[str] | None:

@@ -597,7 +597,10 @@ def test_oracle_env_is_built_not_inherited(monkeypatch: pytest.MonkeyPatch,
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(envmod, "_told", set())
     env = envmod.oracle_env({"OMP_NUM_THREADS": "2", "VLLM_CPU_OMP_THREADS_BIND": "all"})
-    assert env == {**kept, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "2",
+    # PATH and HOME are made, never the caller's (issue 63): the system's folders, a HOME
+    # of the tool's
+    made = {"PATH": os.pathsep.join(envmod.SYSTEM_PATH), "HOME": envmod.oracle_home()}
+    assert env == {**kept, **made, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "2",
                    "VLLM_CPU_OMP_THREADS_BIND": "all"}
     err = capsys.readouterr().err
     for name in ("VLLM_LOGGING_CONFIG_PATH", "VLLM_PLUGINS", "TORCHINDUCTOR_CACHE_DIR",
