@@ -228,7 +228,8 @@ def _tar(folder: Path, out: Path) -> None:
 
 
 def make_sdist(root: Path, *, ops_c: str = ARCHIVE_OPS_C, cmake_extra: str = "",
-               cmake: str | None = None, extra: dict[str, str] | None = None) -> Sdist:
+               cmake: str | None = None, extra: dict[str, str] | None = None,
+               init_extra: str = "") -> Sdist:
     """The package's release archive, its external's archive (and the external's commit and
     git tree, from a real git repository), and the patch that lowers its floor."""
     import hashlib
@@ -258,7 +259,7 @@ def make_sdist(root: Path, *, ops_c: str = ARCHIVE_OPS_C, cmake_extra: str = "",
     (top / "csrc" / "ops.c").write_text(ops_c)
     for rel, text in (extra or {}).items():
         (top / rel).write_text(text)
-    (top / "vllm" / "__init__.py").write_text(INIT_PY)
+    (top / "vllm" / "__init__.py").write_text(INIT_PY + init_extra)
     (top / "vllm" / "_version.py").write_text(
         f"__version__ = version = '{ARCHIVE_VERSION}'\n"
         f"__commit_id__ = commit_id = 'g{ARCHIVE_COMMIT[:9]}'\n")

@@ -481,7 +481,11 @@ def test_a_build_takes_nothing_of_the_callers_environment_and_has_no_network(
         pwned.unlink()
         seen.clear()
 
-        s = make_sdist(tmp_path / "w", cmake_extra=PROBE_CMAKE.format(port=port))
+        # issue 63: the package's own code, which the build's identity probe imports, reaches
+        # for the same server and notes the HOME it runs with
+        homes = tmp_path / "homes-seen"
+        s = make_sdist(tmp_path / "w", cmake_extra=PROBE_CMAKE.format(port=port),
+                       init_extra=INIT_REACHES.format(port=port, homes=str(homes)))
         pin = write_sdist_pin(s)
         env = {**os.environ, **hostile,
                "ORACLE_BUILD_COMPILER_CACHE": str(tmp_path / "cc")}
@@ -524,6 +528,11 @@ def test_a_build_takes_nothing_of_the_callers_environment_and_has_no_network(
         (kept,) = (venv / "oracle-build").glob("build.log")
         assert "probe: 7;" in kept.read_text() or "probe: 6;" in kept.read_text()
         assert "built with the network closed (" in first.stdout
+        # the identity probe ran the package's __init__ closed, with the build's HOME
+        seen_homes = homes.read_text().split()
+        assert seen_homes and os.environ["HOME"] not in seen_homes
+        assert all(h.endswith("/home") and "staging" in h for h in seen_homes), seen_homes
+        assert "runs with the network closed (" in first.stdout
 
         check = ob("--check")
         assert check.returncode == 0, check.stderr[-3000:]
@@ -533,6 +542,19 @@ def test_a_build_takes_nothing_of_the_callers_environment_and_has_no_network(
     finally:
         server.shutdown()
         server.server_close()
+
+
+# what the package's vllm/__init__.py also does in the build test (issue 63): reach for the
+# host's loopback server, and note its HOME
+INIT_REACHES = """
+import os as _os, urllib.request as _u
+try:
+    _u.urlopen("http://127.0.0.1:{port}/from-init", timeout=3).read()
+except OSError:
+    pass
+with open({homes!r}, "a") as _f:
+    _f.write(_os.environ.get("HOME", "-") + "\\n")
+"""
 
 
 @pytest.mark.skipif(__import__("sys").platform != "linux", reason="Linux namespaces")

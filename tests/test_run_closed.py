@@ -26,6 +26,7 @@ from oracle_build.cli import main
 from oracle_build.contracts import engine_keys
 from oracle_build.contracts.driver import DriverResult
 from oracle_build.contracts.golden import load_golden
+from oracle_build.contracts.reports import VerifyReport
 from oracle_build.contracts.spec import ModelSpec
 from oracle_build.contracts.topk import TopKTable, moved_cells
 from oracle_build.core import env as envmod
@@ -33,6 +34,7 @@ from oracle_build.core import layout, proc
 from oracle_build.core.errors import EXIT_BAD_INPUT, EXIT_CONFIG_DIFF, BadInput, EngineFailed
 from oracle_build.engine.session import EngineResult
 from oracle_build.oracle.opening import open_oracle
+from oracle_build.report import text
 from tests.conftest import REPO, TINY_SPEC, BuiltOracle
 
 DRIVER = REPO / "oracle_build" / "inside" / "driver.py"
@@ -331,13 +333,14 @@ def test_the_run_time_compiler_is_recorded_held_and_the_moved_numbers_named(
     (exact / "golden.json").write_text(json.dumps(doc))
 
     monkeypatch.setenv("ORACLE_BUILD_RUNTIME_CXX", CLANG)
-    report = tmp_path / "report.json"
     capsys.readouterr()
-    code = main(["verify", str(folder), str(old), str(exact), "--home", home,
-                 "--json", str(report), "--junit-xml", str(tmp_path / "junit.xml")])
-    out = capsys.readouterr().out
-    assert code == EXIT_CONFIG_DIFF, out
-    by = {v["path"]: v for v in json.loads(report.read_text())["goldens"]}
+    code = main(["verify", str(folder), str(old), str(exact), "--home", home, "--json",
+                 "--junit-xml", str(tmp_path / "junit.xml"),
+                 "--summary-md", str(tmp_path / "summary.md")])
+    data = json.loads(capsys.readouterr().out)
+    assert code == EXIT_CONFIG_DIFF, data
+    out = text.render(VerifyReport.model_validate(data))  # the terminal's words, as printed
+    by = {v["path"]: v for v in data["goldens"]}
     recorded, before, bit_exact = (by[str(p / "golden.json")] for p in (folder, old, exact))
     assert recorded["status"] == "config_difference"
     assert {d["field"] for d in recorded["configuration"]} >= {"compiler.version",
@@ -350,6 +353,7 @@ def test_the_run_time_compiler_is_recorded_held_and_the_moved_numbers_named(
     assert out.count("tokens match; numbers moved: ") == 3
     assert "(its gate is bit-exact: FAIL)" in out
     assert "numbers_moved" in (tmp_path / "junit.xml").read_text()
+    assert (tmp_path / "summary.md").read_text().count("**numbers:** tokens match") == 3
     assert out.startswith("engines ran with the network closed (")
     caches = layout.compile_cache(Path(home), cpu_oracle.pin.key)
     assert len(list(caches.glob("cxx-*"))) >= 2  # g++'s kernels and clang's, apart
