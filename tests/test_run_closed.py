@@ -11,7 +11,6 @@ import http.server
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -150,7 +149,7 @@ class _Server:
         seen = self.seen
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 seen.append(self.path)
                 self.send_response(200)
                 self.end_headers()

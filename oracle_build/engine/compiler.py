@@ -21,6 +21,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 from oracle_build.contracts.golden import RuntimeCompilerRecord
 from oracle_build.contracts.targets import Target
@@ -120,10 +121,10 @@ def _describe(path: str, march: str | None, chosen_by: str) -> RuntimeCompiler:
                               f"--version (exit {answer.returncode})",
                               hint=f"set ${VARIABLE} to a working C++ compiler")
     version = answer.output.strip().splitlines()[0] if answer.output.strip() else None
-    tools: dict[str, str | None] = {"driver": sha256_file(real)}
+    tools: dict[str, str | None] = {"driver": sha256_file(Path(real))}
     for part in PARTS:
         found = _part(given, part)
-        tools[part] = sha256_file(found) if found else None
+        tools[part] = sha256_file(Path(found)) if found else None
     return RuntimeCompiler(chosen_by, given, real, version, tools, march)
 
 

@@ -328,7 +328,8 @@ def _loopback(host):
     if host is None:
         return True
     host = host.decode(errors="replace") if isinstance(host, bytes) else str(host)
-    return host in LOOPBACK_NAMES or host.startswith("127.") or host in ("::1", "0.0.0.0", "::")
+    return host in LOOPBACK_NAMES or host.startswith("127.") or host in ("::1", "::") \
+        or host == "0.0.0.0"  # noqa: S104 - compared, never bound
 
 
 def _audit(event, args):
@@ -391,7 +392,7 @@ def compiled_kernels():
     out = {}
     for real, digest in seen.items():
         root = next(r for r in roots if real.startswith(r))
-        name = [k for k, v in _SET_HERE.items() if os.path.realpath(v) + "/" == root][0]
+        name = next(k for k, v in _SET_HERE.items() if os.path.realpath(v) + "/" == root)
         out["%s/%s" % (name, real[len(root):])] = digest
     return dict(sorted(out.items()))
 
