@@ -92,13 +92,16 @@ def run_build(args: argparse.Namespace) -> int:
     mirror = args.mirror or tool_variable("ORACLE_BUILD_VLLM_MIRROR")
     externals = args.externals or tool_variable("ORACLE_BUILD_EXTERNALS")
     ext_dir = Path(externals).resolve() if externals else None
+    # what every flag makes of the plan, once: the dry run, a build stopped after a step
+    # and the whole build take the same (a flag dropped on one path planned another build)
+    planned = recipe.PlanOptions(mirror=mirror, externals_dir=ext_dir,
+                              checkout=Path(args.checkout).resolve() if args.checkout else None,
+                              compiler_cache=not args.no_compiler_cache, no_gpu=args.no_gpu)
     if args.dry_run:
-        p = recipe.plan(pin, target, home=home, wheelhouse_root=wheelhouse, mirror=mirror,
-                        externals_dir=ext_dir,
-                        checkout=Path(args.checkout).resolve() if args.checkout else None,
-                        compiler_cache=not args.no_compiler_cache, stop_after=args.stop_after,
+        p = recipe.plan(pin, target, home=home, wheelhouse_root=wheelhouse,
+                        stop_after=args.stop_after,
                         reuse_built=not (args.stop_after or args.recompile
-                                         or args.no_compiler_cache), no_gpu=args.no_gpu)
+                                         or args.no_compiler_cache), **planned.kwargs())
         if args.json:
             emit(json.dumps(p.as_dict(), indent=2))
         else:
@@ -109,9 +112,7 @@ def run_build(args: argparse.Namespace) -> int:
     if args.stop_after:
         seconds = recipe.build_until(
             pin, target, args.stop_after, home=home, wheelhouse_root=wheelhouse,
-            mirror=mirror, externals_dir=ext_dir,
-            checkout=Path(args.checkout).resolve() if args.checkout else None,
-            compiler_cache=not args.no_compiler_cache, wait=not args.no_wait)
+            wait=not args.no_wait, **planned.kwargs())
         say(f"stopped after {args.stop_after} in {seconds:.1f}s, as asked (no oracle "
             "published)")
         return EXIT_OK
@@ -121,13 +122,10 @@ def run_build(args: argparse.Namespace) -> int:
         def fill() -> None:
             cache.pull_or_say(opts, pin, target, wheelhouse)
     outcome = recipe.build_oracle(pin, target, home=home, wheelhouse_root=wheelhouse,
-                                  mirror=mirror, externals_dir=ext_dir,
-                                  checkout=Path(args.checkout).resolve() if args.checkout else None,
                                   rebuild=args.rebuild,
                                   wait=not args.no_wait, fill_wheelhouse=fill,
-                                  compiler_cache=not args.no_compiler_cache,
                                   reuse_built=not (args.no_compiler_cache or args.recompile),
-                                  no_gpu=args.no_gpu)
+                                  **planned.kwargs())
     print_identity(outcome.identity, args.json)
     if not outcome.built:
         say(f"identity re-checked in {outcome.seconds:.1f}s (nothing rebuilt)")

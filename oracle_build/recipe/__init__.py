@@ -11,6 +11,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 from oracle_build.contracts.pins import Pin
@@ -25,7 +26,7 @@ from oracle_build.oracle.venv import OracleVenv
 from oracle_build.recipe.plan import Plan, plan
 from oracle_build.recipe.steps import run
 
-__all__ = ["BuildOutcome", "CheckOutcome", "Plan", "build_oracle", "build_until",
+__all__ = ["BuildOutcome", "CheckOutcome", "Plan", "PlanOptions", "build_oracle", "build_until",
            "check_rebuild", "plan", "run"]
 
 
@@ -123,10 +124,28 @@ def build_oracle(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Pat
         return BuildOutcome(made, True, time.monotonic() - start)
 
 
+@dataclass(frozen=True)
+class PlanOptions:
+    """What the build command's flags make of a plan, resolved once: the dry run, a build
+    stopped after a step and a whole build are planned with the same."""
+
+    mirror: str | None = None
+    externals_dir: Path | None = None
+    checkout: Path | None = None
+    compiler_cache: bool = True
+    no_gpu: bool = False
+
+    def kwargs(self) -> dict[str, Any]:
+        return {"mirror": self.mirror, "externals_dir": self.externals_dir,
+                "checkout": self.checkout, "compiler_cache": self.compiler_cache,
+                "no_gpu": self.no_gpu}
+
+
 def build_until(pin: Pin, target_name: str, stop_after: str, *, home: Path,
                 wheelhouse_root: Path, mirror: str | None = None,
                 externals_dir: Path | None = None, checkout: Path | None = None,
-                compiler_cache: bool = True, wait: bool = True) -> float:
+                compiler_cache: bool = True, wait: bool = True,
+                no_gpu: bool = False) -> float:
     """The build of the pin's oracle up to ``stop_after`` (a step's name, or "configure"),
     whatever is in place, under the same lock; nothing is published. Its seconds. A source
     pin's build compiles even when the wheelhouse holds a wheel built earlier: the build
@@ -136,7 +155,8 @@ def build_until(pin: Pin, target_name: str, stop_after: str, *, home: Path,
         clear_dead_staging(home, pin.key)
         p = plan(pin, target_name, home=home, wheelhouse_root=wheelhouse_root, mirror=mirror,
                  externals_dir=externals_dir, checkout=checkout,
-                 compiler_cache=compiler_cache, stop_after=stop_after, reuse_built=False)
+                 compiler_cache=compiler_cache, stop_after=stop_after, reuse_built=False,
+                 no_gpu=no_gpu)
         say(p.render())
         run(p)
     return time.monotonic() - start
