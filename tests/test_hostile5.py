@@ -69,3 +69,66 @@ def test_every_flag_that_changes_the_plan_reaches_each_way_a_build_is_planned(
     assert len(seen) == 3
     for kwargs in seen:
         assert kwargs[option] == value, (flag, kwargs)
+
+
+PLANTED = """#!/bin/sh
+echo "$0" >> {marker}
+exec {real} "$@"
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_made_path_holds_only_the_programs_the_recipe_resolved(tmp_path: Path) -> None:
+    """Item 1, slow (the small sdist's whole build, about 20 s): the caller's PATH is
+    `realcc:py/bin:/usr/bin:/bin`, where realcc/cc links to gcc and py/bin holds a real
+    python3.11 (the interpreter's own binary, copied) and a `cc`, `as` and `ld` of its own
+    (each notes that it ran, then runs the real one). The build's PATH holds a link per
+    program the recipe resolved and recorded (its own bin folder), then the system's
+    folders: none of the planted programs runs, and the record's compilers are what ran."""
+    import json
+    import os
+    import shutil
+    import stat
+    import subprocess
+    import sys
+
+    from uv import find_uv_bin
+
+    from oracle_build.contracts.pins import load_pin
+    from oracle_build.core import layout
+    from tests.conftest import REPO
+    from tests.srcpkg import make_sdist, write_sdist_pin
+
+    found = subprocess.run([find_uv_bin(), "python", "find", "--system", "3.11"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    realcc, py = tmp_path / "realcc", tmp_path / "py" / "bin"
+    realcc.mkdir()
+    py.mkdir(parents=True)
+    (realcc / "cc").symlink_to(shutil.which("gcc") or "/usr/bin/gcc")
+    (realcc / "c++").symlink_to(shutil.which("g++") or "/usr/bin/g++")
+    shutil.copy2(os.path.realpath(found), py / "python3.11")
+    marker = tmp_path / "planted-ran"
+    for name, real in (("cc", shutil.which("gcc")), ("as", shutil.which("as")),
+                       ("ld", shutil.which("ld"))):
+        script = py / name
+        script.write_text(PLANTED.format(marker=marker, real=real))
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    s = make_sdist(tmp_path / "w")
+    pin = write_sdist_pin(s)
+    env = {**os.environ, "PATH": f"{realcc}:{py}:/usr/bin:/bin",
+           "ORACLE_BUILD_COMPILER_CACHE": str(tmp_path / "cc-cache")}
+    done = subprocess.run([sys.executable, "-m", "oracle_build", "build", "--pin", str(pin),
+                           "--home", str(tmp_path / "home"), "--externals", str(s.externals),
+                           "--no-compiler-cache"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ORACLE_IDENTITY_OK" in done.stdout
+    assert not marker.exists(), f"a planted program ran: {marker.read_text()}"
+    assert f"cc -> {realcc / 'cc'}" in done.stderr  # the plan names each program's link
+    venv = layout.oracle_path(tmp_path / "home", load_pin(pin).key)
+    record = json.loads(layout.build_record_path(venv).read_text())
+    assert record["toolchain"]["compilers"]["cc"]["path"] == str(realcc / "cc")
+    path = record["environment"]["base"]["PATH"].split(":")
+    assert str(py) not in path and str(realcc) not in path

@@ -275,6 +275,10 @@ class BuildBase:
     # how the build's commands that do not download have their network closed
     # (core.proc.CLOSURES' key), None: open
     network: str | None = None
+    # the build's own bin folder on PATH (``bin``): a link per program the recipe resolved
+    # (name -> its path), made when the build starts
+    links: tuple[tuple[str, str], ...] = ()
+    bin: str | None = None
 
     def env(self, *, network: bool = False) -> dict[str, str]:
         env = (dict(STRIPPED) if self.stripped else
@@ -299,6 +303,14 @@ def building(base: BuildBase) -> Iterator[None]:
     before, _base = _base, base
     Path(base.home).mkdir(parents=True, exist_ok=True)
     Path(base.tmpdir).mkdir(parents=True, exist_ok=True)
+    if base.bin is not None:
+        own = Path(base.bin)
+        own.mkdir(parents=True, exist_ok=True)
+        for name, target in base.links:
+            link = own / name
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(target)
     try:
         yield
     finally:

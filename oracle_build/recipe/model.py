@@ -172,6 +172,8 @@ class Plan:
                 f"HOME={b.home}; TMPDIR={b.tmpdir}; SOURCE_DATE_EPOCH; the caller's MAX_JOBS "
                 "(a count); plus what each command lists (a download also: proxies, CA "
                 "bundles, PIP_*, the caller's HOME)",
+                *([f"  programs on PATH ({b.bin}): " + ", ".join(
+                    f"{name} -> {target}" for name, target in b.links)] if b.bin else []),
                 f"  network: {self.network_text()}"]
 
     def render(self) -> str:

@@ -404,9 +404,10 @@ def _toolkit_step(pin: Pin, target: Target, home: Path, wh: Wheelhouse,
 def build_base(pin: Pin, staging: Path, svenv: Path, *, stripped: bool,
                compilers: dict[str, toolchain.Compiler] | None = None) -> envmod.BuildBase:
     """What every process of the build starts from (core.env.BuildBase): a PATH made of the
-    staging venv's bin, the recorded tools' folders (the compilers, ccache, git, a cargo the
-    pin builds with) and the system's; a HOME and TMPDIR in the staging folder; the network
-    closed where the host allows it (core.proc.network_closure)."""
+    staging venv's bin, a folder of links to the recorded tools (the pin's interpreter, the
+    compilers, ccache, git, a cargo the pin builds with) and the system's; a HOME and TMPDIR
+    in the staging folder; the network closed where the host allows it
+    (core.proc.network_closure)."""
     path = envmod.build_env().get("PATH")
     # the interpreter the venv is made from, as the caller's PATH finds it (a pyenv's, a
     # distribution's): its folder first after the staging venv's, so that the made PATH
@@ -415,13 +416,25 @@ def build_base(pin: Pin, staging: Path, svenv: Path, *, stripped: bool,
                        env={**envmod.build_env(), **envmod.UV}, timeout=60)
     interpreter = (os.path.realpath(found.output.strip().splitlines()[-1])
                    if found.ok and found.output.strip() else None)
-    tools = [interpreter, *(c.path for c in (compilers or {}).values())]
-    tools += [shutil.which(name, path=path) for name in ("ccache", "git")]
-    if pin.model.build.rust_frontend == "build":
-        tools.append(shutil.which("cargo", path=path))
-    return envmod.BuildBase(path=envmod.made_path([str(svenv / "bin")], tools),
+    # each program the recipe resolved, by its own path, as a link in the build's own bin
+    # folder: never the folder it lies in as a whole (a caller's folder holding the
+    # interpreter and a `cc`, `as` or `ld` of its own would otherwise be searched first)
+    links: dict[str, str] = {}
+    if interpreter:
+        links[f"python{pin.model.python}"] = interpreter
+    for compiler in (compilers or {}).values():
+        if compiler.path:
+            links[os.path.basename(compiler.path)] = compiler.path
+    names = ["ccache", "git", *(["cargo"] if pin.model.build.rust_frontend == "build" else [])]
+    for name in names:
+        found_tool = shutil.which(name, path=path)
+        if found_tool:
+            links[name] = os.path.abspath(found_tool)
+    own_bin = staging / "bin"
+    return envmod.BuildBase(path=envmod.made_path([str(svenv / "bin"), str(own_bin)], []),
                             home=str(staging / "home"), tmpdir=str(staging / "tmp"),
-                            stripped=stripped, network=proc.network_closure()[0])
+                            stripped=stripped, network=proc.network_closure()[0],
+                            links=tuple(sorted(links.items())), bin=str(own_bin))
 
 
 def patch_cmd(patch: Path, tree: Path) -> Cmd:
