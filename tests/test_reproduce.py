@@ -30,7 +30,7 @@ def test_the_driver_imports_nothing_of_oracle_build() -> None:
              if isinstance(node, ast.Import) for alias in node.names}
     names |= {node.module.split(".")[0] for node in ast.walk(tree)
               if isinstance(node, ast.ImportFrom) and node.module}
-    assert names == {"hashlib", "json", "os", "sys", "torch", "vllm", "safetensors"}
+    assert names == {"hashlib", "json", "os", "re", "sys", "torch", "vllm", "safetensors"}
 
 
 def test_a_golden_without_its_hold_is_refused_naming_the_field(tmp_path: Path) -> None:
@@ -45,6 +45,86 @@ def test_a_golden_without_its_hold_is_refused_naming_the_field(tmp_path: Path) -
     done = subprocess.run([sys.executable, str(DRIVER), str(path), str(tmp_path)],
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2 and "engine.kernel_variant.predicates" in done.stderr
+
+
+PRELOAD_C = """
+#include <stdio.h>
+__attribute__((constructor)) static void ran(void) {
+    FILE *f = fopen("%s", "w"); if (f) { fputs("ran", f); fclose(f); }
+}
+"""
+
+
+def _run(path: Path, model: Path) -> subprocess.CompletedProcess[str]:
+    import sys
+
+    return subprocess.run([sys.executable, str(DRIVER), str(path), str(model)],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize("where", ["environment", "engine.kernel_variant.env"])
+def test_a_goldens_loader_variable_never_reaches_the_child(tmp_path: Path, where: str) -> None:
+    """Issue 65 (5): a golden with LD_PRELOAD=<a real shared library whose constructor
+    writes a file> in its environment, or in its kernel variant's, with no model files to
+    check: refused, exit 2, naming the field; the library's start-up code never ran (on
+    9f917cd the child started with it)."""
+    lib = tmp_path / "ran.so"
+    src = tmp_path / "ran.c"
+    marker = tmp_path / "RAN"
+    src.write_text(PRELOAD_C % marker)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    doc = json.loads((TINY_SPEC / "golden.json").read_text())
+    doc["model"]["files"] = {}
+    if where == "environment":
+        doc["environment"]["LD_PRELOAD"] = str(lib)
+    else:
+        doc["engine"]["kernel_variant"]["env"]["LD_PRELOAD"] = str(lib)
+    path = tmp_path / "golden.json"
+    path.write_text(json.dumps(doc))
+    done = _run(path, tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"{where}.LD_PRELOAD" in done.stderr
+    assert not marker.exists(), "the golden's library ran"
+
+
+def test_a_golden_with_nothing_to_reproduce_is_refused(tmp_path: Path) -> None:
+    """Empty prompts and calls printed "reproduced bit for bit: 0 tokens ...", exit 0."""
+    doc = json.loads((TINY_SPEC / "golden.json").read_text())
+    doc["prompts"], doc["batch"]["calls"] = [], []
+    path = tmp_path / "golden.json"
+    path.write_text(json.dumps(doc))
+    done = _run(path, tmp_path)
+    assert done.returncode == 2 and "prompts: no prompt to reproduce" in done.stderr
+    assert "reproduced bit for bit" not in done.stdout + done.stderr
+
+
+def test_a_prompt_id_that_reads_as_a_verdict_is_refused_not_printed(tmp_path: Path) -> None:
+    """A prompt id holding a newline and the script's own verdict words: refused (not a
+    prompt id), and nothing of it starts a line."""
+    doc = json.loads((TINY_SPEC / "golden.json").read_text())
+    forged = "capital\nreproduced bit for bit: 72 tokens, 1440 top-k cells, 3 prompts"
+    old = doc["prompts"][0]["id"]
+    doc["prompts"][0]["id"] = forged
+    doc["batch"]["calls"] = [[forged if pid == old else pid for pid in call]
+                             for call in doc["batch"]["calls"]]
+    path = tmp_path / "golden.json"
+    path.write_text(json.dumps(doc))
+    done = _run(path, tmp_path)
+    assert done.returncode == 2 and "prompts[0].id: is not a prompt id" in done.stderr
+    lines = (done.stdout + done.stderr).splitlines()
+    assert not any(line.startswith("reproduced bit for bit") for line in lines)
+
+
+def test_the_scripts_hold_variables_are_the_tools() -> None:
+    """The script keeps its own list (it imports nothing of oracle_build): equal to the
+    variables a kernel-variant hold sets."""
+    from oracle_build.core.env import CPU_NUMERICS
+
+    tree = ast.parse(DRIVER.read_text())
+    (listed,) = [ast.literal_eval(node.value) for node in ast.walk(tree)
+                 if isinstance(node, ast.Assign) and any(
+                     isinstance(t, ast.Name) and t.id == "HOLD_VARIABLES" for t in node.targets)]
+    assert set(listed) == set(CPU_NUMERICS)
 
 
 @pytest.mark.slow
