@@ -274,10 +274,11 @@ def numbers_moved(ids: Sequence[str], reference: TopKTable | None, new: TopKTabl
     return moved_cells(ids, reference, new.cut(k + 1))
 
 
-def _flat(prefix: str, value: Any, out: dict[str, Any]) -> None:
+def flat(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    """``value`` (a nested table) as dotted keys under ``prefix``."""
     if isinstance(value, dict):
         for k, v in value.items():
-            _flat(f"{prefix}.{k}", v, out)
+            flat(f"{prefix}.{k}", v, out)
     else:
         out[prefix] = value
 
@@ -303,12 +304,12 @@ def config_diffs(rec: Recorded, new: dict[str, Any]) -> tuple[list[FieldDiff],
         old[f"backends.{key}"] = _setting_value(backend)
     for key, backend in new["engine"].backends.items():
         cur[f"backends.{key}"] = _setting_value(backend)
-    _flat("requested", dict(rec.engine.requested), old)
-    _flat("requested", dict(new["engine"].requested), cur)
-    _flat("environment", dict(rec.environment), old)
-    _flat("environment", dict(new["environment"]), cur)
-    _flat("sampling", dict(golden.sampling), old)
-    _flat("sampling", dict(new["sampling"]), cur)
+    flat("requested", dict(rec.engine.requested), old)
+    flat("requested", dict(new["engine"].requested), cur)
+    flat("environment", dict(rec.environment), old)
+    flat("environment", dict(new["environment"]), cur)
+    flat("sampling", dict(golden.sampling), old)
+    flat("sampling", dict(new["sampling"]), cur)
     old["batch.calls"] = rec.batch.get("calls")
     cur["batch.calls"] = new["calls"]
     # the CPU kernel variant in force: a golden from before variants were held names the one

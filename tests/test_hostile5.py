@@ -132,3 +132,72 @@ def test_the_made_path_holds_only_the_programs_the_recipe_resolved(tmp_path: Pat
     assert record["toolchain"]["compilers"]["cc"]["path"] == str(realcc / "cc")
     path = record["environment"]["base"]["PATH"].split(":")
     assert str(py) not in path and str(realcc) not in path
+
+
+def _golden_folder(tmp_path: Path) -> Path:
+    """The bundled golden as committed (golden.json, its top-k file, its spec) in a tree
+    with the pins beside it, so its relative pin resolves."""
+    import shutil
+
+    from tests.conftest import REPO, TINY_SPEC
+
+    shutil.copytree(REPO / "pins", tmp_path / "pins")
+    dest = tmp_path / "goldens" / "tiny-llama-greedy"
+    shutil.copytree(TINY_SPEC, dest, ignore=shutil.ignore_patterns("replaced"))
+    return dest
+
+
+def test_a_migration_refuses_a_folder_spec_that_changes_the_goldens_configuration(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Item 4: the folder's spec edited to a loose gate (near_tie, 50 nats, a made-up
+    ratification) and max_model_len 256 -> 200: `capture --migrate` is refused, exit 8,
+    naming each field, before any engine (the home stays empty), the golden untouched (on
+    9f917cd it exited 0 and the new golden carried the new gate, recorded as a pure
+    migration)."""
+    folder = _golden_folder(tmp_path)
+    before = (folder / "golden.json").read_bytes()
+    spec = folder / "spec.toml"
+    spec.write_text(spec.read_text().replace("max_model_len = 256", "max_model_len = 200")
+                    + '\n[gate]\nkind = "near_tie"\nband_nats = 50.0\n'
+                    'ratification = "made-up"\n')
+    home = tmp_path / "home"
+    assert main(["capture", str(folder), "--migrate", "--home", str(home)]) == EXIT_REFUSED
+    err = capsys.readouterr().err
+    for field in ("spec.gate.kind", "spec.gate.band_nats", "spec.gate.ratification",
+                  "spec.engine.max_model_len"):
+        assert field in err, (field, err)
+    assert (folder / "golden.json").read_bytes() == before
+    assert not (home / "oracles").exists() and not (folder / "replaced").exists()
+
+
+@pytest.mark.slow
+def test_a_migration_changes_nothing_but_what_it_fills(
+        cpu_oracle: Any, tmp_path: Path) -> None:
+    """Item 4, slow (one real engine): the bundled golden as a golden from before its hold
+    was recorded in full (its predicates taken out) is migrated: the run replays its own
+    recorded spec and request, reproduces it bit for bit, and the new golden.json differs
+    from the old one in the filled fields and `replaces` alone (the two JSON documents
+    diffed key by key)."""
+    import json
+
+    from oracle_build import judge
+
+    folder = _golden_folder(tmp_path)
+    doc = json.loads((folder / "golden.json").read_text())
+    doc["engine"]["kernel_variant"]["predicates"] = None
+    doc["engine"]["kernel_variant"]["cpu_answers"] = None
+    (folder / "golden.json").write_text(json.dumps(doc, indent=1))
+    assert main(["capture", str(folder), "--migrate", "--home", str(cpu_oracle.home)]) == 0
+    new = json.loads((folder / "golden.json").read_text())
+    a: dict[str, Any] = {}
+    b: dict[str, Any] = {}
+    judge.flat("", doc, a)
+    judge.flat("", new, b)
+    moved = {k.split(".")[1] + "." + k.split(".")[2] if k.startswith(".engine.") or
+             k.startswith(".run.") else k.split(".")[1]
+             for k in set(a) | set(b) if a.get(k, "<absent>") != b.get(k, "<absent>")}
+    assert moved <= {"engine.kernel_variant", "run.network", "replaces"}, moved
+    assert "engine.kernel_variant" in moved and "replaces" in moved
+    filled = new["replaces"]["reproduced"]["filled"]
+    assert "engine.kernel_variant" in filled
+    assert new["replaces"]["reproduced"]["bit_for_bit"] is True

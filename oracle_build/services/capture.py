@@ -65,6 +65,9 @@ class Job:
     model: ModelRecord | None = None
     args: dict[str, Any] | None = None
     variant: str | None = None  # --kernel-variant (None: the pin target's)
+    # capture --migrate: the golden being migrated, whose recorded configuration the run
+    # replays (its engine arguments as it requested them)
+    migrating: Golden | None = None
 
     def configuration(self) -> tuple[Oracle, Path, dict[str, Any]]:
         """The engine configuration this job runs under (prepared)."""
@@ -94,6 +97,10 @@ def prepare(job: Job, oracles: Oracles, home: Path) -> None:
     job.model_path, job.model = resolve_model(job.spec.model, job.spec_path.parent, home,
                                                      job.oracle)
     job.args = engine_args(job.spec.engine, job.oracle.target)
+    if job.migrating is not None and job.migrating.engine is not None:
+        # the golden's own request, as it recorded it (a pin target's defaults may have
+        # moved since): a migration replays the golden, not today's defaults
+        job.args = dict(job.migrating.engine.requested)
 
 
 def embedded_pin(pin: Pin) -> EmbeddedPin:
@@ -181,10 +188,35 @@ def weights_consumed(job: Job, result: EngineResult) -> None:
         "vLLM's loader")
 
 
+def spec_differences(job: Job, old: Golden) -> list[tuple[str, str]]:
+    """Where the folder's spec is not the one the golden recorded (each field, with both
+    values), compared as this oracle-build reads them (a setting added since, at its
+    default, is no difference). A migration replays the golden's own spec: a folder that
+    says otherwise would change the golden's configuration under the name of a migration."""
+    mine = {**job.spec.model_dump(mode="json", by_alias=True),
+            "pin": os.path.relpath(job.pin_path, job.golden_path.parent.resolve())}
+    try:
+        theirs = Spec.model_validate(old.spec or {}).model_dump(mode="json", by_alias=True)
+    except ValueError as exc:
+        return [("spec", f"the golden's recorded spec is not one this oracle-build reads: "
+                 f"{as_data(str(exc), 300)}")]
+    theirs["pin"] = (old.spec or {}).get("pin")
+    a: dict[str, Any] = {}
+    b: dict[str, Any] = {}
+    judge.flat("spec", theirs, a)
+    judge.flat("spec", mine, b)
+    return [(key, f"the golden's {as_data(repr(a.get(key, '<absent>')), 120)}, the folder's "
+             f"{as_data(repr(b.get(key, '<absent>')), 120)}")
+            for key in sorted(set(a) | set(b)) if a.get(key, "<absent>") != b.get(key,
+                                                                                  "<absent>")]
+
+
 def migrated(path: Path, new: Golden) -> Golden:
-    """``new`` (a run of the golden at ``path``'s spec under its own variant) as the
-    golden's migration, when its numbers are the old golden's bit for bit; else refused,
-    naming where they differ."""
+    """The golden at ``path`` with what ``new`` (a run replaying its recorded spec under its
+    own variant) records that it did not: the migration, when the run's numbers are the old
+    golden's bit for bit and its configuration is the old one's; else refused, naming where
+    they differ. The result differs from the old golden in the filled fields and
+    ``replaces`` alone."""
     old = load_golden(path)
     differ, tokens, cells = goldens.numbers_differ(old, new)
     if differ:
@@ -193,20 +225,44 @@ def migrated(path: Path, new: Golden) -> Golden:
                       hint="the golden stays as it is; a re-baseline is `capture --replace "
                       "--reason TEXT` (it says why), or migrate on a host of the CPU model "
                       "it was captured on")
+    assert old.engine is not None and new.engine is not None and new.run is not None
+    numerics, _context = judge.config_diffs(recorded(old, path), {
+        "engine": new.engine, "environment": new.environment or {},
+        "sampling": new.sampling, "calls": (new.batch or {}).get("calls")})
+    if numerics:
+        raise Refused(f"{path}: not migrated: the run's configuration is not the golden's: "
+                      + "; ".join(f"{d.field}: the golden's {as_data(repr(d.golden), 80)}, "
+                                  f"the run's {as_data(repr(d.current), 80)}"
+                                  for d in numerics[:10]),
+                      hint="a migration fills what a golden did not record; it never changes "
+                      "what it did: a re-baseline is `capture --replace --reason TEXT`")
     filled = []
-    held = new.engine.kernel_variant if new.engine else None
-    was = old.engine.kernel_variant if old.engine else None
+    engine = old.engine
+    held = new.engine.kernel_variant
+    was = old.engine.kernel_variant
     if held is not None and (was is None or was.predicates is None):
         filled.append("engine.kernel_variant")
-    for key in ("cpu_model", "cpu_vendor"):
-        if (old.run is None or not old.run.host.get(key)) and new.run and new.run.host.get(key):
-            filled.append(f"run.host.{key}")
+        engine = engine.model_copy(update={"kernel_variant": held})
+    run = old.run
+    if run is not None:
+        host_facts = dict(run.host)
+        for key in ("cpu_model", "cpu_vendor"):
+            if not host_facts.get(key) and new.run.host.get(key):
+                filled.append(f"run.host.{key}")
+                host_facts[key] = new.run.host[key]
+        update: dict[str, Any] = {"host": host_facts}
+        if run.network is None and new.run.network is not None:
+            filled.append("run.network")
+            update["network"] = new.run.network
+        run = run.model_copy(update=update)
     assert new.replaces is not None
     say(f"    reproduced {path} bit for bit ({tokens} tokens, {cells} top-k cells); "
         f"filled: {', '.join(filled) or 'nothing new'}")
-    return new.model_copy(update={"replaces": new.replaces.model_copy(update={
-        "reproduced": MigrationRecord(bit_for_bit=True, tokens=tokens, topk_cells=cells,
-                                      filled=filled)})})
+    return old.model_copy(update={"engine": engine, "run": run,
+                                  "replaces": new.replaces.model_copy(update={
+                                      "reproduced": MigrationRecord(
+                                          bit_for_bit=True, tokens=tokens, topk_cells=cells,
+                                          filled=filled)})})
 
 
 def replaced_record(path: Path, reason: str) -> ReplacedRecord:
@@ -282,8 +338,17 @@ def capture(paths: list[Path], *, home: Path, replace: bool = False,
             if not job.golden_path.exists():
                 raise Refused(f"{job.golden_path}: no golden to migrate",
                               hint="capture it first (capture without --migrate)")
-            job.variant = kernel_variant or recorded(load_golden(job.golden_path),
+            job.migrating = load_golden(job.golden_path)
+            job.variant = kernel_variant or recorded(job.migrating,
                                                     job.golden_path).kernel_variant
+            differ = spec_differences(job, job.migrating)
+            if differ:  # before any engine: the folder's spec would change the golden
+                raise Refused(f"{job.golden_path}: not migrated: its folder's spec is not the "
+                              "one the golden recorded:\n" + "\n".join(
+                                  f"  {field}: {why}" for field, why in differ[:20]),
+                              hint="a migration replays the golden's own spec; restore the "
+                              "folder's spec.toml, or re-baseline with `capture --replace "
+                              "--reason TEXT`")
     names = [j.golden_path for j in jobs]
     if len(set(names)) != len(names):
         raise Refused("two specs in one call write the same golden")
