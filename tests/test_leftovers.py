@@ -35,26 +35,77 @@ def gone(pid: int, within: float = 10.0) -> bool:
     return False
 
 
+# the system calls a Python thread sleeps in while it waits for a child (Popen's timed wait:
+# waitpid, then nanosleep; the untimed one: wait4), by machine
+WAIT_SYSCALLS = {"x86_64": {"35", "230", "61", "247"}, "aarch64": {"101", "115", "260", "95"}}
+
+
 def waiting(pid: int, within: float = 30.0) -> None:
     """Return once ``pid``'s main thread sleeps in a wait for its child (Popen's timed wait
     polls: waitpid, then a nanosleep), not for the GIL (a futex) or running: a signal sent
     then lands in the wait, not in the lines before it (seen on a loaded CI machine: a SIGINT
-    between the harness's print and its ``try`` killed it with -2, not 130). A kernel that
-    hides wchan: a moment's grace instead."""
+    between the harness's print and its ``try`` killed it with -2, not 130). A running task's
+    wchan reads "0" as a hidden one does: the task's state tells them apart (R: running, keep
+    looking), and where the kernel hides wchan, the system call it sleeps in says which wait
+    it is (a 1 s grace there was what a loaded machine outran)."""
+    import platform
+
     deadline = time.monotonic() + within
     task = Path(f"/proc/{pid}/task/{pid}")
+    calls = WAIT_SYSCALLS.get(platform.machine())
     while time.monotonic() < deadline:
         try:
             where = (task / "wchan").read_text().strip()
+            stat = (task / "stat").read_text()
         except OSError:
             return  # ended: the caller's wait says how
-        if where in ("", "0"):
-            time.sleep(1.0)
+        state = stat[stat.rindex(")") + 2]
+        if state == "S" and ("nanosleep" in where or where == "do_wait"):
             return
-        if "nanosleep" in where or where == "do_wait":
-            return
+        if state == "S" and where in ("", "0"):  # wchan hidden: ask the system call
+            try:
+                call = (task / "syscall").read_text().split()[0]
+            except (OSError, IndexError):
+                call = None
+            if call is None or calls is None:
+                time.sleep(1.0)  # neither readable here: a moment's grace
+                return
+            if call in calls:
+                return
         time.sleep(0.005)
     raise AssertionError(f"process {pid} did not start waiting within {within}s")
+
+
+def test_waiting_is_not_fooled_by_a_running_harness(tmp_path: Path) -> None:
+    """The helper the Ctrl-C tests rest on: a harness that is still running 2 s after the
+    line the test waits for (a loaded machine) is not yet waiting; `waiting` returns only once
+    it sleeps in its wait for its child (it returned after a fixed 1 s before: a running
+    task's wchan reads "0", which it took for a hidden one)."""
+    script = tmp_path / "busy.py"
+    script.write_text(textwrap.dedent("""
+        import subprocess, time
+        child = subprocess.Popen(["sleep", "30"])
+        print("ready", flush=True)
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:  # running, as a loaded machine would keep it
+            pass
+        try:
+            child.wait(timeout=60)
+        finally:
+            child.kill()
+    """))
+    harness = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                               text=True)
+    assert harness.stdout is not None
+    with harness.stdout:
+        try:
+            assert harness.stdout.readline().strip() == "ready"
+            start = time.monotonic()
+            waiting(harness.pid)
+            assert time.monotonic() - start >= 1.8
+        finally:
+            harness.kill()
+            harness.wait()
 
 
 def dead_pid() -> int:
