@@ -158,7 +158,8 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
     wh = Wheelhouse.for_pin(wheelhouse_root, pin)
     svenv = staging / "venv"
     py = str(svenv / "bin" / "python")
-    base = build_base(pin, staging, svenv, stripped=compare_only)
+    interpreter = find_interpreter(pin)
+    base = build_base(pin, staging, svenv, stripped=compare_only, interpreter=interpreter)
     src = pin.model.vllm
     files: Callable[[str], Path] = lambda name: staging / name  # noqa: E731
     steps: list[Step] = []
@@ -180,8 +181,8 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
                                                                         else ""),
                       act.preflight))
     steps.append(Step("venv", f"create the staging venv (python {pin.model.python})",
-                      act.commands, [_uv("venv", "--python", pin.model.python, "--no-project",
-                                         str(svenv))]))
+                      act.commands, [_uv("venv", "--python", interpreter or pin.model.python,
+                                         "--no-project", str(svenv))]))
     fetch = Step("fetch", f"put every locked wheel in the wheelhouse {wh.root}, each checked "
                  "against its sha256 (download only what is missing or bad)", act.fetch,
                  fetch_commands(files, wh, pin, target))
@@ -205,7 +206,8 @@ def plan(pin: Pin, target_name: str, *, home: Path, wheelhouse_root: Path,
             kit = _toolkit_step(pin, target, home, wh, steps)
         else:
             compilers = toolchain.compilers(pin)
-            base = build_base(pin, staging, svenv, stripped=compare_only, compilers=compilers)
+            base = build_base(pin, staging, svenv, stripped=compare_only, compilers=compilers,
+                              interpreter=interpreter)
             decisions = toolchain.decide_patches(pin, target_name, compilers)
             ccache = toolchain.compiler_cache(home, staging, cold=not compiler_cache)
             switches: tuple[str, ...]
@@ -401,21 +403,26 @@ def _toolkit_step(pin: Pin, target: Target, home: Path, wh: Wheelhouse,
     return kit
 
 
+def find_interpreter(pin: Pin) -> str | None:
+    """The interpreter the venv is made from, as the caller's PATH finds it (a pyenv's, a
+    distribution's), by its real path: the venv step names it (the record with it), and the
+    venv's python links to it, never to a link of the build's own (gone with the staging
+    folder)."""
+    found = proc.query([uv(), "python", "find", "--system", pin.model.python],
+                       env={**envmod.build_env(), **envmod.UV}, timeout=60)
+    return (os.path.realpath(found.output.strip().splitlines()[-1])
+            if found.ok and found.output.strip() else None)
+
+
 def build_base(pin: Pin, staging: Path, svenv: Path, *, stripped: bool,
-               compilers: dict[str, toolchain.Compiler] | None = None) -> envmod.BuildBase:
+               compilers: dict[str, toolchain.Compiler] | None = None,
+               interpreter: str | None = None) -> envmod.BuildBase:
     """What every process of the build starts from (core.env.BuildBase): a PATH made of the
     staging venv's bin, a folder of links to the recorded tools (the pin's interpreter, the
     compilers, ccache, git, a cargo the pin builds with) and the system's; a HOME and TMPDIR
     in the staging folder; the network closed where the host allows it
     (core.proc.network_closure)."""
     path = envmod.build_env().get("PATH")
-    # the interpreter the venv is made from, as the caller's PATH finds it (a pyenv's, a
-    # distribution's): its folder first after the staging venv's, so that the made PATH
-    # finds the same one (the record names it)
-    found = proc.query([uv(), "python", "find", "--system", pin.model.python],
-                       env={**envmod.build_env(), **envmod.UV}, timeout=60)
-    interpreter = (os.path.realpath(found.output.strip().splitlines()[-1])
-                   if found.ok and found.output.strip() else None)
     # each program the recipe resolved, by its own path, as a link in the build's own bin
     # folder: never the folder it lies in as a whole (a caller's folder holding the
     # interpreter and a `cc`, `as` or `ld` of its own would otherwise be searched first)
