@@ -356,3 +356,16 @@ def test_the_run_time_compiler_is_recorded_held_and_the_moved_numbers_named(
     assert out.startswith("engines ran with the network closed (")
     caches = layout.compile_cache(Path(home), cpu_oracle.pin.key)
     assert len(list(caches.glob("cxx-*"))) >= 2  # g++'s kernels and clang's, apart
+
+
+def test_a_tools_probe_reaches_nothing_of_the_hosts(server: _Server) -> None:
+    """Issue 65 (6), by construction: every short question the tool asks a program (a
+    compiler's version, a git, a device's listing: `core.proc.query`) runs closed by default;
+    the same program asked with the network left open (the control) reaches the server."""
+    code = ("import urllib.request, sys\ntry:\n urllib.request.urlopen("
+            f"'http://127.0.0.1:{server.port}/probe', timeout=3)\n print('reached')\n"
+            "except OSError:\n print('refused')")
+    assert proc.query([sys.executable, "-c", code], closed=None).output.strip() == "reached"
+    assert server.seen == ["/probe"]
+    assert proc.query([sys.executable, "-c", code]).output.strip() == "refused"
+    assert server.seen == ["/probe"]

@@ -405,11 +405,18 @@ def run(
 
 
 def query(argv: Sequence[str | os.PathLike[str]], *, env: Mapping[str, str] | None = None,
-          cwd: Path | None = None, timeout: float = 60, closed: str | None = None) -> Result:
+          cwd: Path | None = None, timeout: float = 60,
+          closed: str | bool | None = True) -> Result:
     """A short read-only question to a tool (its version, a listing): output captured, not
     echoed, never raising. A tool that is absent, fails or hangs answers with a non-zero
-    return code (127 absent, 124 timed out) and its output. ``closed``: its network closed
-    that way (a ``CLOSURES`` key)."""
+    return code (127 absent, 124 timed out) and its output. Its network is closed as this
+    host allows (``closed=True``, the default: a probe of a compiler, a git or a device
+    reaches nothing of the host's but its own loopback), or that way (a ``CLOSURES`` key);
+    ``closed=None``: open."""
+    if closed is True:
+        closed = network_closure()[0]
+    elif closed is False:
+        closed = None
     args = [os.fspath(a) for a in argv]
     start = time.monotonic()
     try:
