@@ -11,8 +11,8 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from oracle_build.contracts.pins import Pin
 from oracle_build.contracts.record import RECORD_SCHEMA
