@@ -201,3 +201,29 @@ def test_a_migration_changes_nothing_but_what_it_fills(
     filled = new["replaces"]["reproduced"]["filled"]
     assert "engine.kernel_variant" in filled
     assert new["replaces"]["reproduced"]["bit_for_bit"] is True
+
+
+@pytest.mark.parametrize("planted", ["lib64-folder", "lib64-file", "lib-file", "lib-link"])
+def test_a_toolkit_whose_bytes_match_but_whose_layout_does_not_is_named_exit_5(
+        tmp_path: Path, planted: str) -> None:
+    """Item 6: the toolkit's wheels unpacked (their sha256 the lock's) into a layout NVIDIA's
+    wheels never have: a `lib64` already there, `lib` a file or a link. A clear error naming
+    it (BuildFailed, exit 5), never an unforeseen one (exit 70: FileExistsError)."""
+    from oracle_build.core.errors import EXIT_BUILD, BuildFailed
+    from oracle_build.recipe.cuda import toolkit
+
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    if planted == "lib64-folder":
+        (cuda / "lib64").mkdir()
+    elif planted == "lib64-file":
+        (cuda / "lib64").write_text("x")
+    elif planted == "lib-file":
+        (cuda / "lib").write_text("x")
+    else:
+        (cuda / "lib").symlink_to("/etc")
+    with pytest.raises(BuildFailed) as caught:
+        toolkit._layout(cuda)
+    assert caught.value.exit_code == EXIT_BUILD
+    assert ("lib64" if planted.startswith("lib64") else "`lib`") in caught.value.message
+    assert not (Path("/etc") / "libcuda.so").is_symlink()

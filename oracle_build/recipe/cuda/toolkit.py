@@ -247,12 +247,23 @@ def _layout(cuda: Path) -> None:
     as ``bin/../lib64``), and each versioned shared library's unversioned name (CMake's
     FindCUDAToolkit looks for ``libcudart.so``)."""
     lib = cuda / "lib"
-    lib.mkdir(exist_ok=True)
-    for path in sorted(lib.iterdir()):
-        m = re.fullmatch(r"(lib[A-Za-z0-9_.+-]+?\.so)\.\d+(\.\d+)*", path.name)
-        if m and not (lib / m.group(1)).exists():
-            (lib / m.group(1)).symlink_to(path.name)
-    (cuda / "lib64").symlink_to("lib")
+    try:
+        if lib.is_symlink() or (lib.exists() and not lib.is_dir()):
+            raise BuildFailed("the toolkit's wheels hold `lib` as something else than a "
+                              "folder: not the layout of NVIDIA's wheels (their bytes match the "
+                              "lock; the lock names the wrong files?)")
+        if (cuda / "lib64").exists() or (cuda / "lib64").is_symlink():
+            raise BuildFailed("the toolkit's wheels hold `lib64` already: not the layout of "
+                              "NVIDIA's wheels (they ship `lib`; the tool links `lib64` to it)")
+        lib.mkdir(exist_ok=True)
+        for path in sorted(lib.iterdir()):
+            m = re.fullmatch(r"(lib[A-Za-z0-9_.+-]+?\.so)\.\d+(\.\d+)*", path.name)
+            if m and not ((lib / m.group(1)).exists() or (lib / m.group(1)).is_symlink()):
+                (lib / m.group(1)).symlink_to(path.name)
+        (cuda / "lib64").symlink_to("lib")
+    except OSError as exc:  # an input whose bytes match, whose layout does not: named
+        raise BuildFailed(f"the toolkit's files could not be laid out under {cuda}: "
+                          f"{exc.strerror or exc} ({exc.filename or ''})") from None
 
 
 # ----------------------------------------------------------------------------- both kinds
