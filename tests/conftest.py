@@ -223,6 +223,16 @@ def cpu_oracle(tmp_path_factory: pytest.TempPathFactory) -> BuiltOracle:
     return BuiltOracle(pin, home, wheelhouse, venv, outcome)
 
 
+def default_compiler(oracle: BuiltOracle) -> str:
+    """The fingerprint of the run-time compiler the tool gives this oracle's engines: its
+    compile cache is that compiler's folder of the pin's (engine/compiler.py)."""
+    from oracle_build import host
+    from oracle_build.engine import compiler as runtime
+
+    target = oracle.pin.target("cpu")
+    return runtime.choose(target, host.hold(target)).fingerprint
+
+
 def linked_copy(src: Path, dest: Path) -> Path:
     """A copy of a folder (a venv, a wheelhouse) whose files are hard links to ``src``'s: an
     oracle venv in 2 s instead of a 3.4 GB install, a wheelhouse without 857 MB copied. A

@@ -22,7 +22,7 @@ from oracle_build.core.errors import OutputFailed
 from oracle_build.core.filelock import held
 from oracle_build.engine import caches
 from oracle_build.engine.caches import CompileCache
-from tests.conftest import COMPILE_CACHE_ENV, REPO, BuiltOracle
+from tests.conftest import COMPILE_CACHE_ENV, REPO, BuiltOracle, default_compiler
 
 
 def driver_module() -> object:
@@ -201,7 +201,9 @@ def test_a_poisoned_cache_fails_one_start_and_the_next_recovers(
         return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=900, check=False)
 
-    mine = own / cpu_oracle.pin.key
+    # the pin's cache, this run-time compiler's folder of it (issue 63)
+    mine = CompileCache.of(own, cpu_oracle.pin.key, default_compiler(cpu_oracle)).root
+    journal = mine.parent / f"{mine.name}.running.json"
     warm = verify()  # this golden's kernels, compiled into a cache of the test's own
     assert warm.returncode == 0, warm.stderr[-3000:]
     kernels = list(mine.rglob("*.main.so"))
@@ -214,13 +216,13 @@ def test_a_poisoned_cache_fails_one_start_and_the_next_recovers(
     poisoned = verify()
     assert poisoned.returncode == 12, poisoned.stderr[-3000:]
     assert "the next engine start discards its compile cache" in poisoned.stderr
-    assert (own / f"{cpu_oracle.pin.key}.running.json").exists()
+    assert journal.exists()
 
     recovered = verify()
     assert recovered.returncode == 0, recovered.stderr[-3000:]
     assert "did not finish" in recovered.stderr and "discarding" in recovered.stderr
     # the tool's cache paths are not recorded: no context difference names one
     assert "TORCHINDUCTOR_CACHE_DIR" not in recovered.stdout + recovered.stderr
-    assert not (own / f"{cpu_oracle.pin.key}.running.json").exists()
+    assert not journal.exists()
     rebuilt = list(mine.rglob("*.main.so"))
     assert rebuilt and all(k.stat().st_size > 0 for k in rebuilt)

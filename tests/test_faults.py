@@ -36,6 +36,7 @@ from tests.conftest import (
     REPO,
     TINY_SPEC,
     BuiltOracle,
+    default_compiler,
     reliability,
     site_packages,
 )
@@ -397,7 +398,8 @@ def test_capture_killed_at_every_point_leaves_no_golden(cpu_oracle: BuiltOracle,
             reliability("kill points survived",
                         f"capture {phase} +{delay:g}s {signame(sig)}")
     assert landed >= 6, f"only {landed} of 8 capture kills landed in their phase"
-    journal = CompileCache.of(cpu_oracle.home, cpu_oracle.pin.key).journal
+    journal = CompileCache.of(cpu_oracle.home, cpu_oracle.pin.key,
+                              default_compiler(cpu_oracle)).journal
     left = journal.exists()
     capsys.readouterr()
     assert main(args) == 0  # the next run completes normally
