@@ -202,7 +202,7 @@ def test_a_poisoned_cache_fails_one_start_and_the_next_recovers(
                               timeout=900, check=False)
 
     # the pin's cache, this run-time compiler's folder of it (issue 63)
-    mine = CompileCache.of(own, cpu_oracle.pin.key, default_compiler(cpu_oracle)).root
+    mine = CompileCache.of_pin(own / cpu_oracle.pin.key, default_compiler(cpu_oracle)).root
     journal = mine.parent / f"{mine.name}.running.json"
     warm = verify()  # this golden's kernels, compiled into a cache of the test's own
     assert warm.returncode == 0, warm.stderr[-3000:]

@@ -57,8 +57,13 @@ class CompileCache:
         """The pin's compile cache; ``compiler``: the run-time compiler's fingerprint
         (engine/compiler.py), whose own folder it is: kernels another compiler built are
         never reused."""
-        root = layout.compile_cache(home, pin_key)
-        return cls(root / f"cxx-{compiler[:16]}" if compiler else root)
+        return cls.of_pin(layout.compile_cache(home, pin_key), compiler)
+
+    @classmethod
+    def of_pin(cls, pin_cache: Path, compiler: str | None = None) -> CompileCache:
+        """The cache of the run-time compiler ``compiler`` (its fingerprint) in a pin's
+        compile-cache folder."""
+        return cls(pin_cache / f"cxx-{compiler[:16]}" if compiler else pin_cache)
 
     @property
     def lock(self) -> Path:
