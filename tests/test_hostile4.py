@@ -518,7 +518,8 @@ def test_a_build_takes_nothing_of_the_callers_environment_and_has_no_network(
             assert environment["wheel"].get(name) != hostile[name]  # CFLAGS: the path map
         assert set(environment["base"]) <= {"PATH", "HOME", "TMPDIR", "SOURCE_DATE_EPOCH",
                                             "LANG", "TZ", "USER", "LOGNAME", "TERM",
-                                            "LANGUAGE", "NO_COLOR", "MAX_JOBS"} | {
+                                            "LANGUAGE", "NO_COLOR", "MAX_JOBS",
+                                            "PIP_CONFIG_FILE"} | {
             k for k in environment["base"] if k.startswith("LC_")}
         assert environment["base"]["TZ"] == "Asia/Tokyo"
         assert environment["base"]["HOME"] == "<staging>/home"

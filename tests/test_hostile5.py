@@ -3,6 +3,7 @@ golden, toolkit wheel or migration folder would hit it, against the real thing."
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -229,3 +230,29 @@ def test_a_toolkit_whose_bytes_match_but_whose_layout_does_not_is_named_exit_5(
     assert caught.value.exit_code == EXIT_BUILD
     assert ("lib64" if planted.startswith("lib64") else "`lib`") in caught.value.message
     assert not (Path("/etc") / "libcuda.so").is_symlink()
+
+
+def test_a_build_command_reads_no_pip_configuration_of_the_hosts(tmp_path: Path) -> None:
+    """Item 6: a build command that does not download runs pip with no configuration file
+    read, the system's included (this host's /etc/pip.conf names a constraint file, which
+    pip's wheel step would have taken); a download reads the caller's (where the wheels
+    are), as before: the control."""
+    import subprocess
+    import sys
+
+    from oracle_build.core import env as envmod
+    from oracle_build.core.proc import Cmd
+
+    base = envmod.BuildBase(path=os.pathsep.join(envmod.SYSTEM_PATH),
+                            home=str(tmp_path / "home"), tmpdir=str(tmp_path / "tmp"))
+    argv = [sys.executable, "-m", "pip", "config", "list"]
+    with envmod.building(base):
+        closed = subprocess.run(argv, env=Cmd(argv).environment(), capture_output=True,
+                                text=True, check=True)
+        download = subprocess.run(argv, env=Cmd(argv, network=True).environment(),
+                                  capture_output=True, text=True, check=True)
+    read = [line for line in closed.stdout.splitlines() if not line.startswith(":env:")]
+    assert read == [], read  # nothing but the setting that says so
+    host = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+    if host:  # a host with a pip configuration: the download reads it
+        assert download.stdout.strip() != ""

@@ -290,7 +290,17 @@ class BuildBase:
             env[JOBS] = jobs
         if network:
             env.update({k: v for k, v in os.environ.items() if network_passed(k)})
+        else:  # pip reads no configuration file at all, the system's included
+            env.update(NO_TOOL_CONFIG)
         return env
+
+
+# What a build command that does not download reads of a tool's own configuration: nothing.
+# The build's HOME keeps the user's files away, and these the system's and the folder's
+# (pip's /etc/pip.conf and /etc/xdg/pip/pip.conf: a host's `constraint` there would reach
+# the wheel step). A download reads the caller's pip configuration on purpose (where the
+# wheels are: find-links, an index, a CA bundle); what it may fetch is fixed by sha256.
+NO_TOOL_CONFIG = {"PIP_CONFIG_FILE": os.devnull}
 
 
 _base: BuildBase | None = None
