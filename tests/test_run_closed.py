@@ -289,7 +289,7 @@ def test_the_engine_host_runs_closed_with_its_made_environment(
         engine_host.close()
     block = oracle.identity.block()
     assert "runs with the network closed (" in block
-    assert "run-time compiler /usr/bin/g++ (g++ " in block and "-march=x86-64-v3" in block
+    assert "run-time compiler /usr/bin/g++ (" in block and "-march=x86-64-v3" in block
 
 
 @pytest.mark.slow
@@ -369,3 +369,31 @@ def test_a_tools_probe_reaches_nothing_of_the_hosts(server: _Server) -> None:
     assert server.seen == ["/probe"]
     assert proc.query([sys.executable, "-c", code]).output.strip() == "refused"
     assert server.seen == ["/probe"]
+
+
+def test_the_run_time_compiler_is_the_tools_choice_and_its_fingerprint_its_bytes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """engine/compiler.py against this host's real compilers: the default is the system's g++
+    (never the caller's PATH: a planted folder first on it changes nothing); naming the same
+    compiler another way gives the same fingerprint (the same compile cache), clang another;
+    a generic name (c++) is given by the file it resolves to (inductor picks flags by the
+    name); a compiler that is not there is a preflight failure naming it, exit 6."""
+    from oracle_build.contracts.pins import load_pin
+    from oracle_build.core.errors import PreflightFailed
+    from oracle_build.devices import NO_HOLD
+    from oracle_build.engine import compiler as runtime
+
+    target = load_pin(REPO / "pins" / "cpu.toml").target("cpu")
+    monkeypatch.setenv("PATH", "/planted/bin:" + os.environ["PATH"])
+    default = runtime.choose(target, NO_HOLD)
+    assert default.path == "/usr/bin/g++" and default.chosen_by.startswith("the default")
+    assert default.march is None and "TORCHINDUCTOR_CPP_MARCH" not in default.env()
+    monkeypatch.setenv(runtime.VARIABLE, "/usr/bin/c++")
+    generic = runtime.choose(target, NO_HOLD)
+    assert generic.path == os.path.realpath("/usr/bin/c++") and "g++" in generic.path
+    assert generic.fingerprint == default.fingerprint
+    monkeypatch.setenv(runtime.VARIABLE, CLANG)
+    assert runtime.choose(target, NO_HOLD).fingerprint != default.fingerprint
+    monkeypatch.setenv(runtime.VARIABLE, "/nonexistent/c++")
+    with pytest.raises(PreflightFailed, match="/nonexistent/c"):
+        runtime.choose(target, NO_HOLD)

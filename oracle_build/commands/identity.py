@@ -14,7 +14,7 @@ from oracle_build.commands.common import (
     pin_and_target,
     print_identity,
 )
-from oracle_build.core.errors import EXIT_OK, OracleMissing, OutputFailed
+from oracle_build.core.errors import EXIT_OK, OracleMissing, OutputFailed, PreflightFailed
 from oracle_build.core.log import say
 
 
@@ -53,8 +53,11 @@ def run_identity(args: argparse.Namespace) -> int:
     from oracle_build import host
     from oracle_build.engine import compiler as runtime
 
-    ident.runtime_compiler = runtime.choose(pin.target(target),
-                                            host.hold(pin.target(target))).line()
+    try:
+        ident.runtime_compiler = runtime.choose(pin.target(target),
+                                                host.hold(pin.target(target))).line()
+    except PreflightFailed as exc:  # the oracle is what it is; its engines could not start
+        ident.runtime_compiler = f"run-time compiler: none ({exc.message.splitlines()[0]})"
     print_identity(ident, args.json)
     if every_file:
         from oracle_build.contracts.record import DeepIdentity

@@ -121,6 +121,10 @@ def _describe(path: str, march: str | None, chosen_by: str) -> RuntimeCompiler:
                               f"--version (exit {answer.returncode})",
                               hint=f"set ${VARIABLE} to a working C++ compiler")
     version = answer.output.strip().splitlines()[0] if answer.output.strip() else None
+    if version is not None and version.split(" ", 1)[0] == os.path.basename(given):
+        # GCC starts its line with the name it was called by (g++, c++): the file's own name
+        # instead, so that one compiler named two ways is one compiler
+        version = f"{os.path.basename(real)} {version.split(' ', 1)[1] if ' ' in version else ''}"
     tools: dict[str, str | None] = {"driver": sha256_file(Path(real))}
     for part in PARTS:
         found = _part(given, part)
