@@ -7,16 +7,14 @@ which `nox -s tests` installs)."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -35,6 +33,7 @@ from oracle_build.engine.session import EngineResult
 from oracle_build.oracle.opening import open_oracle
 from oracle_build.report import text
 from tests.conftest import REPO, TINY_SPEC, BuiltOracle
+from tests.test_hostile4 import _counting_server
 
 DRIVER = REPO / "oracle_build" / "inside" / "driver.py"
 CLANG = "/usr/bin/clang++"
@@ -143,35 +142,20 @@ def test_an_oracle_process_gets_a_made_path_and_home_never_the_callers(
     assert envmod.oracle_env({"HOME": "/cache/home"})["HOME"] == "/cache/home"
 
 
+@dataclass
 class _Server:
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-        seen = self.seen
+    """A server on the host's loopback that notes every request (test_hostile4's)."""
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                seen.append(self.path)
-                self.send_response(200)
-                self.end_headers()
-                self.wfile.write(b"reached")
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.httpd.server_address[1]
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    port: int
+    seen: list[str]
 
 
 @pytest.fixture
 def server() -> Iterator[_Server]:
-    s = _Server()
-    yield s
-    s.close()
+    port, seen, httpd = _counting_server()
+    yield _Server(port, seen)
+    httpd.shutdown()
+    httpd.server_close()
 
 
 WATCH = """
