@@ -378,6 +378,14 @@ def test_the_run_time_compiler_is_the_tools_choice_and_its_fingerprint_its_bytes
     assert generic.fingerprint == default.fingerprint
     monkeypatch.setenv(runtime.VARIABLE, CLANG)
     assert runtime.choose(target, NO_HOLD).fingerprint != default.fingerprint
+    # a source build's linker is asked the same way (recipe/toolchain.py): the real ld
+    from oracle_build.recipe import toolchain
+
+    env = {"PATH": os.pathsep.join(envmod.SYSTEM_PATH)}
+    ld = runtime.prog_path("/usr/bin/g++", "ld", env)
+    assert ld is not None and os.path.basename(ld) == "ld" and os.access(ld, os.X_OK)
+    line = toolchain.linker(toolchain.find_compiler("cxx", "/usr/bin/g++"), env)
+    assert line is not None and "ld" in line.lower()
     monkeypatch.setenv(runtime.VARIABLE, "/nonexistent/c++")
     with pytest.raises(PreflightFailed, match="/nonexistent/c"):
         runtime.choose(target, NO_HOLD)

@@ -97,16 +97,24 @@ def _found(name: str, why: str) -> str:
     return path
 
 
-def _part(driver: str, part: str) -> str | None:
-    """The file the driver runs as ``part`` (``-print-prog-name``), None when it runs none
-    of its own (clang's integrated cc1)."""
-    asked = proc.query([driver, f"-print-prog-name={part}"], env=_query_env(), timeout=30)
+def prog_path(driver: str, part: str, env: dict[str, str]) -> str | None:
+    """The program a compiler driver runs as ``part`` (``-print-prog-name``: cc1plus, as,
+    ld), found on ``env``'s PATH when the driver names it bare; None when it answers
+    nothing or names none that is there. The run-time compiler's parts and a source
+    build's linker (recipe/toolchain.py) are both asked this way."""
+    asked = proc.query([driver, f"-print-prog-name={part}"], env=env, timeout=30)
     name = asked.output.strip().splitlines()[0] if asked.ok and asked.output.strip() else ""
     if not name:
         return None
-    path = name if os.path.isabs(name) else shutil.which(
-        name, path=os.pathsep.join(envmod.SYSTEM_PATH))
-    return os.path.realpath(path) if path and os.path.isfile(path) else None
+    path = name if os.path.isabs(name) else shutil.which(name, path=env.get("PATH"))
+    return path if path and os.path.isfile(path) else None
+
+
+def _part(driver: str, part: str) -> str | None:
+    """The file the driver runs as ``part``, symlinks resolved; None when it runs none of
+    its own (clang's integrated cc1)."""
+    path = prog_path(driver, part, _query_env())
+    return os.path.realpath(path) if path else None
 
 
 @cache

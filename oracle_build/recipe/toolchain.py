@@ -23,6 +23,7 @@ from oracle_build.core import proc
 from oracle_build.core.env import tool_variable
 from oracle_build.core.errors import BadInput, as_data
 from oracle_build.core.log import say
+from oracle_build.engine.compiler import prog_path
 from oracle_build.recipe.cmake import Floor
 
 DEFAULTS = {"cc": "cc", "cxx": "c++"}
@@ -324,9 +325,7 @@ def linker(cxx: Compiler, env: dict[str, str]) -> str | None:
     """The --version line of the linker the C++ compiler runs (`-print-prog-name=ld`)."""
     if cxx.path is None:
         return None
-    asked = proc.query([cxx.path, "-print-prog-name=ld"], env=env, timeout=30)
-    name = asked.output.strip() if asked.ok and asked.output.strip() else "ld"
-    path = name if os.path.isabs(name) else shutil.which(name, path=env.get("PATH"))
+    path = prog_path(cxx.path, "ld", env) or shutil.which("ld", path=env.get("PATH"))
     return tool_version([path, "--version"], env) if path else None
 
 
